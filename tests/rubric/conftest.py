@@ -1,0 +1,34 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+# the shared test helpers (tests/tiny_model.py) live one level up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "rubric"
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from tiny_model import make_tiny_tokenizer
+
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    from tiny_model import make_tiny_qwen3
+
+    return make_tiny_qwen3(tiny_tokenizer)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and a busy 2-core machine makes OpenMP threads spin."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

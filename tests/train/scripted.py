@@ -1,0 +1,78 @@
+"""Helpers for trainer tests: a scripted engine and small configs.
+
+`ScriptedEngine` is a test fake around the real `HfEngine`: for some prompts it replaces the
+sampled reply by a scripted text, tokenized once, and computes that reply's log-probs with a real
+forward of the same model (teacher forcing), so records stay exact token-in/token-out. It exists
+because a random 2-layer model never writes a valid action or a parsable bundle, and the step's
+rubric path needs groups whose rewards differ and bundles that parse.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from orsd.train.config import load_config  # noqa: E402
+from orsd.train.engines import Generation, HfEngine  # noqa: E402
+
+BUNDLE = """1. The agent searches with words taken from the task before clicking anything.
+2. The agent opens a product whose title matches the requested product type.
+3. The agent selects every option the task names before buying.
+4. The agent checks the price against the budget stated in the task.
+5. The agent never repeats an action that had no effect.
+6. The agent clicks Buy Now only on the product page of a matching item."""
+
+VALID = {"webshop": "<think>find it</think><action>search[shirt]</action>",
+         "alfworld": "<think>look around</think><action>look</action>"}
+
+
+class ScriptedEngine(HfEngine):
+    """Test fake (see module docstring): bundle prompts get a parsable bundle; episode requests of
+    even-numbered samples (from the request key, else the batch position) get a valid action; the
+    rest is the model's own sample, or an invalid reply when `fully_scripted`."""
+
+    INVALID = "<think>no idea</think>"
+
+    def __init__(self, model, tokenizer, env_name: str = "webshop", bundle_text: str = BUNDLE,
+                 fully_scripted: bool = False):
+        super().__init__(model, tokenizer, batch_size=16)
+        self.valid_text = VALID[env_name]
+        self.bundle_text = bundle_text
+        self.fully_scripted = fully_scripted
+        self.calls: list[tuple[list[list[int]], list[Generation]]] = []
+
+    def generate(self, prompts, sampling, keys=None):
+        generations = [None] * len(prompts) if self.fully_scripted else super().generate(prompts, sampling)
+        for i, prompt in enumerate(prompts):
+            text = self.tokenizer.decode(prompt)
+            sample = int(keys[i].split(":")[2]) if keys and ":bundle:" not in keys[i] else i
+            if "process rubric" in text.lower() and "criteria" in text:
+                generations[i] = self.teacher_forced(prompt, self.bundle_text, sampling.temperature)
+            elif sample % 2 == 0:
+                generations[i] = self.teacher_forced(prompt, self.valid_text, sampling.temperature)
+            elif self.fully_scripted:
+                generations[i] = self.teacher_forced(prompt, self.INVALID, sampling.temperature)
+        self.calls.append((prompts, generations))
+        return generations
+
+    @torch.no_grad()
+    def teacher_forced(self, prompt: list[int], text: str, temperature: float) -> Generation:
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.stop_ids[0]]
+        full = torch.tensor([prompt + ids])
+        logits = self.model(full).logits[0, len(prompt) - 1:-1].float() / temperature
+        logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        return Generation(ids=ids, logprobs=logprobs.tolist(), finished=True)
+
+
+
+
+def small_config(*overrides: str):
+    """A step small enough for a test: 2 tasks x 4 episodes x 2 actions, short budgets."""
+    return load_config(None, ["rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
+                              "rollout.max_context_tokens=4096", "env.max_actions=2", "rubric.max_new_tokens=16",
+                              "rubric.num_bundles=2", "rubric.transcript_chars=600", "optim.lr=1e-3",
+                              "replay.token_budget=8192", "optim.micro_batch_tokens=4096", *overrides])

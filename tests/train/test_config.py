@@ -1,0 +1,90 @@
+"""Config loading: strict keys and types, dot-path overrides, the embedded default, --dry-run."""
+
+import pytest
+import yaml
+
+from orsd.train.cli import main
+from orsd.train.config import Config, ConfigError, field_docs, load_config, to_yaml
+
+
+def test_embedded_default_is_the_cpu_run():
+    config = load_config()
+    assert config.model.path == "smollm2-135m"
+    assert config.env.name == "webshop"
+    assert config.warm_start.enabled
+    assert config.rubric.mode == "orsd"
+
+
+def test_file_layers_on_paper_defaults_not_on_the_cpu_default(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("env: {name: alfworld}\n")
+    config = load_config(path)
+    assert config.env.name == "alfworld"
+    assert config.rollout.group_size == Config().rollout.group_size == 8  # paper value, not the default run's
+    assert not config.warm_start.enabled
+
+
+def test_overrides_parse_yaml_values():
+    config = load_config(None, ["rubric.num_bundles=2", "rubric.alpha=0.05", "rubric.mode=grpo",
+                                "optim.betas=[0.8, 0.9]", "env.options={foo: 1}"])
+    assert config.rubric.num_bundles == 2 and config.rubric.alpha == 0.05 and config.rubric.mode == "grpo"
+    assert config.optim.betas == [0.8, 0.9] and config.env.options == {"foo": 1}
+
+
+def test_int_is_accepted_for_float():
+    assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0
+
+
+@pytest.mark.parametrize("override, named", [
+    ("rubric.num_bundle=2", "rubric.num_bundle"),
+    ("nosection.x=1", "nosection"),
+    ("rubric.num_bundles=two", "rubric.num_bundles"),
+    ("train.progress=3", "train.progress"),
+    ("rubric.mode=ppo", "rubric.mode"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("rubric=3", "rubric"),
+    ("verifier.kind=openai", "verifier.base_url"),
+])
+def test_bad_keys_and_values_name_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_override_without_equals_is_an_error():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["rubric.alpha"])
+
+
+def test_dry_run_prints_resolved_config(capsys):
+    assert main(["--dry-run", "rubric.num_bundles=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["rubric"]["num_bundles"] == 3
+    assert printed["model"]["path"] == "smollm2-135m"
+
+
+def test_dry_run_reports_bad_key(capsys):
+    assert main(["--dry-run", "rubric.bogus=1"]) == 2
+    assert "rubric.bogus" in capsys.readouterr().err
+
+
+def test_every_field_is_documented():
+    rows = field_docs()
+    assert len(rows) > 50
+    missing = [key for key, _, _, help_text in rows if not help_text.strip()]
+    assert not missing
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(None, ["train.steps=7"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(config))
+    assert load_config(path) == config
+
+
+def test_docs_config_md_is_generated_from_the_dataclasses():
+    from pathlib import Path
+
+    from orsd.train.config import config_markdown
+
+    path = Path(__file__).parents[2] / "docs" / "config.md"
+    assert path.read_text() == config_markdown(), "regenerate: python -m orsd.train.config > docs/config.md"

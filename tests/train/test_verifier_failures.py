@@ -1,0 +1,31 @@
+"""A verifier that fails every call (real HTTP on loopback answering 500): the step completes as
+GRPO for those groups, and the records say why."""
+
+from orsd.rubric import OpenAIVerifier
+from orsd.rubric.fake_server import FakeChatServer, Reply
+from orsd.train.model import frozen_copy
+from orsd.train.trainer import Trainer, make_env
+from scripted import ScriptedEngine, small_config
+
+
+def test_failing_verifier_degrades_to_grpo(tiny_model, tiny_tokenizer):
+    config = small_config("rubric.mode=orsd")
+    with FakeChatServer(lambda request: Reply.error(500)) as server:
+        verifier = OpenAIVerifier(server.url, "judge", max_retries=1, backoff_base_seconds=0.001,
+                                  backoff_max_seconds=0.002)
+        trainer = Trainer(config, tiny_model, tiny_tokenizer, frozen_copy(tiny_model), verifier, make_env(config),
+                          engine=ScriptedEngine(tiny_model, tiny_tokenizer))
+        result = trainer.step()
+        requests = len(server.requests)
+    m = result.metrics
+    assert requests > 0
+    assert m["groups_with_bundle"] == 0.0 and m["valid_token_fraction"] == 0.0
+    assert m["delta_abs_mean"] == 0.0
+    assert m["verifier"]["failed"] > 0 and m["verifier"]["retries"] > 0 and m["verifier"]["cells_scored"] == 0
+    assert m["update_tokens"] == m["response_tokens"]  # the update still ran on every token
+    for group in result.groups:
+        assert group.bundles and group.selected is None
+        assert group.verifier_events, "each failed cell is recorded with its group"
+        assert all(e["reason"] for e in group.verifier_events)
+        assert group.reason  # says why no bundle was used
+        assert all(s.size and (s != s).all() for s in group.scores)  # every cell unscored (NaN)
