@@ -245,6 +245,7 @@ class AlfworldEnv(Env):
         info = {"won": won, "score": 1.0 if won else 0.0, "valid_action": valid,
                 "no_progress": no_progress, "admissible_actions": self.admissible_actions(),
                 "task_type": self.task.kind}
+        self.last_info = info
         return observation, self.done, info
 
     def admissible_actions(self) -> list[str] | None:

@@ -10,7 +10,7 @@ turns is dropped); the paper's Table 5 gives the policy the full history. Templa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orsd.envs.actions import format_answer
@@ -83,6 +83,27 @@ TEMPLATES: dict[str, PromptTemplates] = {
 
 #: the default system prompts, by environment name (with `{max_actions}` unfilled)
 SYSTEM_PROMPTS: dict[str, str] = {name: t.system for name, t in TEMPLATES.items()}
+
+#: shorter system prompts for small models on small budgets (the CPU default): about 70 tokens
+#: instead of about 200, the command list reduced to its essentials
+COMPACT_TEMPLATES: dict[str, PromptTemplates] = {
+    "webshop": replace(TEMPLATES["webshop"], system=(
+        "You shop in a web store for the item the task describes. Commands: search[query] on the "
+        "search page; click[text] on a product id, an option, Back to Search or Buy Now. Click the "
+        "options the task names, then Buy Now. At most {max_actions} actions.\n"
+        + ANSWER_FORMAT.replace("{example}", "search[red shirt]"))),
+    "alfworld": replace(TEMPLATES["alfworld"], system=(
+        "You act in a household text game to complete the task. Pick one admissible action per "
+        "turn. At most {max_actions} actions.\n" + ANSWER_FORMAT.replace("{example}", "go to fridge 1"))),
+}
+
+
+def prompt_templates(env_name: str, style: str = "full") -> PromptTemplates:
+    """The templates of `env_name` in `style` "full" (default) or "compact"."""
+    table = {"full": TEMPLATES, "compact": COMPACT_TEMPLATES}
+    if style not in table:
+        raise ValueError(f"style={style!r}: expected 'full' or 'compact'")
+    return _templates_for(env_name, None) if style == "full" else table[style][env_name]
 
 
 def _templates_for(env_name: str, templates: PromptTemplates | None) -> PromptTemplates:

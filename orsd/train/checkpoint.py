@@ -36,27 +36,45 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def save(trainer, run_dir: Path, keep: int) -> Path:
-    """Write checkpoints/step_<k> atomically, then drop all but the newest `keep`."""
+    """Write checkpoints/step_<k> atomically, then drop all but the newest `keep`. Under DeepSpeed
+    every rank calls this (gathering shards, writing its optimizer partition); rank 0 renames."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{trainer.step_index}"
     tmp = root / f"step_{trainer.step_index}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    main = trainer.rank == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(trainer)
     trainer.save_policy(tmp)
-    trainer.tokenizer.save_pretrained(tmp)
-    torch.save(trainer_state(trainer), tmp / "trainer_state.pt")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for _, old in step_dirs(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    if trainer.ds_engine is not None:  # optimizer partitions and scheduler, one file per rank
+        trainer.ds_engine.save_checkpoint(str(tmp / "deepspeed"), tag="state")
+    if main:
+        trainer.tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state(trainer), tmp / "trainer_state.pt")
+    _barrier(trainer)
+    if main:
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for _, old in step_dirs(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(trainer)
     return final
 
 
+def _barrier(trainer) -> None:
+    if trainer.dist is not None:
+        trainer.dist.barrier()
+
+
 def trainer_state(trainer) -> dict:
+    plain = trainer.ds_engine is None  # DeepSpeed keeps optimizer and scheduler in its own files
     return {
         "step": trainer.step_index,
-        "optimizer": trainer.optimizer.state_dict() if trainer.optimizer is not None else None,
-        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
+        "optimizer": trainer.optimizer.state_dict() if plain and trainer.optimizer is not None else None,
+        "scheduler": trainer.scheduler.state_dict() if plain and trainer.scheduler is not None else None,
+        "engine": trainer.engine.state_dict() if hasattr(trainer.engine, "state_dict") else None,
         "task_rng": trainer.task_rng.getstate(),
         "offline_bundles": {k: (v.to_dict() if v is not None else None) for k, v in trainer.offline_bundles.items()},
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -71,6 +89,11 @@ def restore(trainer, path: Path) -> None:
 
     state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
     trainer.step_index = state["step"]
+    if trainer.ds_engine is not None:
+        trainer.ds_engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state", load_module_strict=True,
+                                          load_optimizer_states=True, load_lr_scheduler_states=True)
+    if state.get("engine") is not None and hasattr(trainer.engine, "load_state_dict"):
+        trainer.engine.load_state_dict(state["engine"])
     if state["optimizer"] is not None and trainer.optimizer is not None:
         trainer.optimizer.load_state_dict(state["optimizer"])
     if state["scheduler"] is not None and trainer.scheduler is not None:

@@ -54,6 +54,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     On resume the policy comes from the checkpoint and the reference from checkpoints/reference
     (saved when a warm start made it differ from `model.path`); the warm start is not redone.
     """
+    from orsd.train import distributed
     from orsd.train.model import frozen_copy, load_policy, load_tokenizer
     from orsd.train.trainer import Trainer, make_env
     from orsd.train.verifiers import build_verifier
@@ -61,31 +62,35 @@ def build(config, run_dir=None, resume_from=None, log=print):
     import torch
 
     torch.manual_seed(config.train.seed)
+    dist = distributed.setup(config)
     m = config.model
+    device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
     tokenizer = load_tokenizer(m.path)
-    policy = load_policy(str(resume_from or m.path), m.dtype, m.device, m.attn_implementation, config.train.seed)
+    policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
     env = make_env(config)
     warm_losses = []
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
     if resume_from is not None:
         source = reference_dir if reference_dir and reference_dir.exists() else m.path
-        reference = frozen_copy(load_policy(str(source), m.dtype, m.device, m.attn_implementation, config.train.seed))
+        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed))
     else:
         if config.warm_start.enabled:
-            warm_losses = run_warm_start(config, policy, tokenizer, env, log)
-            if reference_dir is not None:
+            warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
+            if reference_dir is not None and (dist is None or dist.is_main):
                 policy.save_pretrained(reference_dir)
                 tokenizer.save_pretrained(reference_dir)
         reference = frozen_copy(policy)  # π_ref: the policy as RL starts (after any warm start)
     if m.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     verifier = build_verifier(config, reference, tokenizer) if config.rubric.mode == "orsd" else None
-    engine = build_engine(config, policy, tokenizer, run_dir)
-    trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine)
+    engine = build_engine(config, policy, tokenizer, run_dir, dist)
+    ds_engine = distributed.wrap(policy, config) if dist else None
+    trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
+                      ds_engine=ds_engine)
     return trainer, warm_losses
 
 
-def build_engine(config, policy, tokenizer, run_dir):
+def build_engine(config, policy, tokenizer, run_dir, dist=None):
     """`hf` generates with the live policy; `vllm` starts from a saved copy of the current policy
     and is pushed the new weights after every update."""
     from orsd.train.engines import HfEngine
@@ -96,8 +101,11 @@ def build_engine(config, policy, tokenizer, run_dir):
     from orsd.train.engines_vllm import VllmEngine
 
     start = Path(run_dir or ".") / "checkpoints" / "vllm_start"
-    policy.save_pretrained(start)
-    tokenizer.save_pretrained(start)
+    if dist is None or dist.is_main:
+        policy.save_pretrained(start)
+        tokenizer.save_pretrained(start)
+    if dist is not None:
+        dist.barrier()
     on_cpu = next(policy.parameters()).device.type == "cpu"
     return VllmEngine(str(start), tokenizer, dtype=r.vllm_dtype, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                       max_model_len=r.max_context_tokens + r.max_new_tokens, seed=config.train.seed,
@@ -106,16 +114,24 @@ def build_engine(config, policy, tokenizer, run_dir):
 
 
 def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
-    from orsd.train.warmstart import collect_demos, warm_start
+    from orsd.envs.prompts import prompt_templates
+    from orsd.train.warmstart import collect_bundle_demos, collect_demos, warm_start
 
-    w = config.warm_start
+    w, r = config.warm_start, config.rollout
     start = time.perf_counter()
-    demos = collect_demos(env, tokenizer, w.episodes, config.rollout.max_context_tokens - config.rollout.max_new_tokens,
-                          random.Random(config.train.seed + 7), w.noise, config.env.max_actions)
-    losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed)
-    log(f"warm start: {len(demos)} expert turns from {w.episodes} episodes, {len(losses)} steps, "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {time.perf_counter() - start:.1f} s" if losses else
-        "warm start: no demonstrations collected")
+    rng = random.Random(config.train.seed + 7)
+    demos = collect_demos(env, tokenizer, w.episodes, r.max_context_tokens - r.max_new_tokens, rng, w.noise,
+                          config.env.max_actions, config.env.max_history_turns,
+                          prompt_templates(config.env.name, config.env.prompt))
+    actions = len(demos)
+    if config.uses_rubrics and w.bundle_demos:
+        demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
+                                      rng, config.rubric.generation_template or None, config.env.max_actions)
+    losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed,
+                        precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
+    log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
+        f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+        f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")
     return losses
 
 
@@ -126,8 +142,12 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     from orsd.train.report import Reporter, write_report
     from orsd.train.run_dir import RunDir
 
+    from orsd.train.distributed import launch_env
+
     started = time.perf_counter()
-    out = RunDir(run_dir or Path("runs") / config.train.run_name)
+    main_rank = launch_env()[0] == 0  # only rank 0 writes the run directory and talks
+    log = log if main_rank else (lambda *_: None)
+    out = RunDir(run_dir or Path("runs") / config.train.run_name, writer=main_rank)
     resume_from = checkpoint.latest(out.path) if resume else None
     if resume_from is None and out.read("steps.jsonl"):
         raise SystemExit(f"orsd-train: {out.path} already holds a run; pass --resume to continue it "
@@ -140,8 +160,8 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
         out.truncate_after(trainer.step_index)  # drop records of steps the checkpoint does not hold
         log(f"resumed from {resume_from} at step {trainer.step_index}")
     t = config.train
-    reporter = Reporter(out.path, tensorboard=t.tensorboard, wandb=t.wandb, config=config,
-                        purge_step=trainer.step_index + 1 if resume_from is not None else None)
+    reporter = Reporter(out.path, tensorboard=t.tensorboard and main_rank, wandb=t.wandb and main_rank,
+                        config=config, purge_step=trainer.step_index + 1 if resume_from is not None else None)
     try:
         steps, setup_seconds = train_loop(config, trainer, out, reporter, log, started)
     finally:
@@ -149,7 +169,7 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     final = checkpoint.latest(out.path)
     summary = summarize(config, steps, setup_seconds, time.perf_counter() - started, warm_losses, final)
     out.append("summary.jsonl", summary)
-    if t.report:
+    if t.report and main_rank:
         log(f"report: {write_report(out.path)}")
     return summary
 
@@ -162,17 +182,21 @@ def train_loop(config, trainer, out, reporter, log, started):
 
     t = config.train
 
-    def evaluate_now():
-        result = evaluate_trainer(trainer, trainer.step_index)
-        out.append("eval.jsonl", result)
-        reporter.log_eval(result)
-        log(format_eval(result))
+    def evaluate_now():  # on rank 0 only: every rank holds (or generates from) the full policy
+        if trainer.rank == 0:
+            result = evaluate_trainer(trainer, trainer.step_index)
+            out.append("eval.jsonl", result)
+            reporter.log_eval(result)
+            log(format_eval(result))
+        if trainer.dist is not None:
+            trainer.dist.barrier()
 
     if t.eval_before and trainer.step_index == 0:
         evaluate_now()
     setup_seconds = time.perf_counter() - started
     steps = []
-    bar = tqdm(range(trainer.step_index, t.steps), desc="orsd-train", disable=not t.progress, unit="step",
+    bar = tqdm(range(trainer.step_index, t.steps), desc="orsd-train", disable=not t.progress or trainer.rank != 0,
+               unit="step",
                initial=trainer.step_index, total=t.steps)
     for _ in bar:
         result = trainer.step()

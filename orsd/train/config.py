@@ -35,6 +35,8 @@ class ModelConfig:
     device: str = doc("auto", "auto (cuda when available, else cpu) | cpu | cuda | cuda:N")
     gradient_checkpointing: bool = doc(False, "recompute activations in the update to save memory")
     attn_implementation: str = doc("sdpa", "transformers attention backend (sdpa | eager | flash_attention_2)")
+    autocast: str = doc("", "mixed precision for every forward/backward: '' (off) | bfloat16 | float16; "
+                        "weights and optimizer stay in model.dtype (bfloat16 autocast uses AMX on recent CPUs)")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class EnvConfig:
     seed: int = doc(0, "seed of the env's task generator (catalog, ALFWorld problems)")
     max_actions: int = doc(0, "horizon in attempted actions (0 = the env's default: 15 shop, 50 ALFWorld)")
     max_history_turns: int = doc(0, "earlier turns kept in the prompt (0 = all: the paper's full history)")
+    prompt: str = doc("full", "system prompt style: full | compact (shorter, for small models and budgets)")
     options: dict = doc({}, "extra keyword options passed to orsd.envs.make")
 
 
@@ -125,7 +128,19 @@ class WarmStartConfig:
     epochs: int = doc(2, "passes over the demonstrations")
     lr: float = doc(1e-4, "learning rate of the fit")
     batch_size: int = doc(8, "demonstration turns per optimizer step")
+    micro_batch_tokens: int = doc(2048, "padded tokens per forward/backward (gradient accumulation)")
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)")
+    bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
+                            "mixed in, so a small policy keeps writing numbered bundles")
+
+
+@dataclass
+class DistributedConfig:
+    deepspeed: bool = doc(False, "wrap the policy in DeepSpeed even on one process (always on when launched "
+                          "on several ranks by deepspeed/torchrun)")
+    zero_stage: int = doc(2, "DeepSpeed ZeRO stage 0-3 (3 needs rollout.engine=vllm)")
+    backend: str = doc("auto", "process-group backend: auto (nccl with CUDA, else gloo) | nccl | gloo")
+    offload_optimizer: bool = doc(False, "keep optimizer states in CPU memory (ZeRO-Offload)")
 
 
 @dataclass
@@ -156,6 +171,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "Config":
@@ -163,6 +179,7 @@ class Config:
         checks = [
             ("rubric.mode", self.rubric.mode in MODES, f"one of {MODES}"),
             ("env.name", self.env.name in ("webshop", "alfworld"), "webshop | alfworld"),
+            ("env.prompt", self.env.prompt in ("full", "compact"), "full | compact"),
             ("rollout.engine", self.rollout.engine in ("hf", "vllm"), "hf | vllm"),
             ("verifier.kind", self.verifier.kind in ("auto", "local", "openai"), "auto | local | openai"),
             ("verifier.scoring", self.verifier.scoring in ("json", "yes_prob"), "json | yes_prob"),
@@ -170,6 +187,7 @@ class Config:
              "per_trajectory | per_group"),
             ("model.dtype", self.model.dtype in ("float32", "bfloat16", "float16"),
              "float32 | bfloat16 | float16"),
+            ("model.autocast", self.model.autocast in ("", "bfloat16", "float16"), "'' | bfloat16 | float16"),
             ("rollout.group_size", self.rollout.group_size >= 1, "an integer >= 1"),
             ("rollout.tasks_per_step", self.rollout.tasks_per_step >= 1, "an integer >= 1"),
             ("rollout.temperature", self.rollout.temperature > 0, "a positive number"),
@@ -185,6 +203,12 @@ class Config:
             ("optim.micro_batch_tokens", self.optim.micro_batch_tokens >= 1, "an integer >= 1"),
             ("replay.token_budget", self.replay.token_budget >= 1, "an integer >= 1"),
             ("train.steps", self.train.steps >= 0, "an integer >= 0"),
+            ("distributed.zero_stage", self.distributed.zero_stage in (0, 1, 2, 3), "0, 1, 2 or 3"),
+            ("rubric.generation_template", not self.rubric.generation_template
+             or Path(self.rubric.generation_template).is_file(), "'' or an existing template file"),
+            ("rubric.context_template", not self.rubric.context_template
+             or Path(self.rubric.context_template).is_file(), "'' or an existing template file"),
+            ("distributed.backend", self.distributed.backend in ("auto", "nccl", "gloo"), "auto | nccl | gloo"),
             ("verifier.base_url", self.verifier.kind != "openai" or bool(self.verifier.base_url),
              "set when verifier.kind is openai"),
         ]

@@ -16,8 +16,10 @@ from collections import defaultdict
 import torch
 
 from orsd import envs
+from orsd.envs.prompts import prompt_templates
 
 from .engines import HfEngine, Sampling
+from .model import autocast
 from .records import Group
 from .rollout import rollout
 
@@ -56,11 +58,11 @@ def summarize(groups: list[Group], env_name: str, split: str, step: int) -> dict
 
 def evaluate(engine, tokenizer, env, split: str, num_tasks: int, samples: int, temperature: float,
              max_new_tokens: int, max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-             step: int = 0, seed: int = 0) -> dict:
+             step: int = 0, seed: int = 0, templates=None) -> dict:
     torch.manual_seed(seed)
     tasks = eval_tasks(env, split, num_tasks)
     groups = rollout(engine, tokenizer, env, tasks, samples, Sampling(temperature, 1.0, max_new_tokens),
-                     max_context_tokens, max_actions, max_history_turns)
+                     max_context_tokens, max_actions, max_history_turns, f"eval{step}", 0, templates)
     return summarize(groups, env.name, split, step)
 
 
@@ -70,9 +72,11 @@ def evaluate_trainer(trainer, step: int) -> dict:
     split = cfg.env.eval_split or DEFAULT_EVAL_SPLIT[cfg.env.name]
     env = trainer.eval_env if getattr(trainer, "eval_env", None) else make_eval_env(cfg, split)
     trainer.eval_env = env
-    return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks, cfg.train.eval_samples,
-                    cfg.train.eval_temperature, cfg.rollout.max_new_tokens, cfg.rollout.max_context_tokens,
-                    cfg.env.max_actions, cfg.env.max_history_turns, step, cfg.train.seed)
+    with autocast(trainer.policy, cfg.model.autocast):
+        return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks,
+                        cfg.train.eval_samples, cfg.train.eval_temperature, cfg.rollout.max_new_tokens,
+                        cfg.rollout.max_context_tokens, cfg.env.max_actions, cfg.env.max_history_turns, step,
+                        cfg.train.seed, trainer.templates)
 
 
 def make_eval_env(config, split: str):
@@ -119,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.checkpoint)
     policy = load_policy(args.checkpoint, config.model.dtype, config.model.device, config.model.attn_implementation)
     start = time.perf_counter()
-    result = evaluate(HfEngine(policy, tokenizer, config.rollout.batch_size), tokenizer,
-                      make_eval_env(config, split), split, args.tasks or config.train.eval_tasks,
-                      args.samples or config.train.eval_samples, config.train.eval_temperature,
-                      config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
-                      config.env.max_history_turns, args.step, config.train.seed)
+    with autocast(policy, config.model.autocast):
+        result = evaluate(HfEngine(policy, tokenizer, config.rollout.batch_size), tokenizer,
+                          make_eval_env(config, split), split, args.tasks or config.train.eval_tasks,
+                          args.samples or config.train.eval_samples, config.train.eval_temperature,
+                          config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
+                          config.env.max_history_turns, args.step, config.train.seed,
+                          prompt_templates(config.env.name, config.env.prompt))
     result["checkpoint"] = args.checkpoint
     result["seconds"] = time.perf_counter() - start
     print(format_eval(result))

@@ -9,7 +9,7 @@ import torch
 
 from orsd import ops
 
-from .replay import Packed, batch_positions, budget_batches, train_logprobs
+from .replay import Packed, batch_positions, budget_batches, dummy_forward, train_logprobs
 
 
 @dataclass
@@ -51,37 +51,41 @@ def microbatches(packed: Packed, micro_batch_tokens: int) -> list[list[int]]:
 def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
            advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
-           data_parallel_size: int = 1, backward=None, step=None, scheduler=None) -> dict:
+           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "") -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
-    w = microbatch_weights(response mask, micro-batch ids, D·G) makes Σ_p w_p f_p equal Eq. 14;
-    each micro-batch backpropagates its share, so memory is one micro-batch's.
-    `backward`/`step` let a DeepSpeed engine replace loss.backward() and optimizer.step().
+    w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
+    one rank; each micro-batch backpropagates its share, so memory is one micro-batch's. With D
+    ranks, `lockstep(n) -> G` gives the largest micro-batch count of any rank, this rank pads with
+    zero-weight micro-batches, and DeepSpeed's gradient average over ranks supplies the 1/D.
+    `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
+    this is the accumulation boundary) and optimizer.step().
     """
     batches = microbatches(packed, micro_batch_tokens)
+    num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
     mb_of_seq = torch.empty(packed.num_sequences, dtype=torch.long)
     for m, batch in enumerate(batches):
         mb_of_seq[batch] = m
     scored = packed.response_mask.clone()
     scored[packed.cu_seqlens[:-1]] = False  # a sequence's first token is never predicted
-    weights = ops.microbatch_weights(scored, mb_of_seq[packed.seq_ids],
-                                     len(batches) * data_parallel_size)
+    weights = ops.microbatch_weights(scored, mb_of_seq[packed.seq_ids], max(num_microbatches, 1))
     model.train()
+    lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None  # the rate this step uses
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio": 0.0}
     tokens = 0
     device = next(model.parameters()).device
-    for batch in batches:
+    backward = backward or (lambda loss, last: loss.backward())
+    for index, batch in enumerate(batches):
         positions = batch_positions(scored, packed.cu_seqlens, batch)
         flat = torch.cat(positions)
-        if len(flat) == 0:
-            continue
-        logprobs, entropy = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, temperature)
+        logprobs, entropy = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, temperature,
+                                           precision=precision)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
                                advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
         loss = (weights[flat].to(device) * terms.loss).sum()
-        (backward or torch.Tensor.backward)(loss)
+        backward(loss, index == num_microbatches - 1)
         n = len(flat)
         tokens += n
         sums["loss"] += float(loss.detach())
@@ -90,6 +94,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         sums["clip_fraction"] += float(terms.clipped.sum())
         sums["entropy"] += float(entropy.sum())
         sums["ratio"] += float(terms.ratio.detach().sum())
+    for index in range(len(batches), num_microbatches):  # zero-weight: same call count on every rank
+        backward(dummy_forward(model).sum() * 0.0, index == num_microbatches - 1)
     grad_norm = 0.0
     if step is not None:
         grad_norm = step()
@@ -101,4 +107,5 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         scheduler.step()
     metrics = {k: (v if k == "loss" else v / max(tokens, 1)) for k, v in sums.items()}
     metrics.update(grad_norm=grad_norm, micro_batches=len(batches), update_tokens=tokens)
+    metrics["lr"] = lr
     return metrics

@@ -108,3 +108,13 @@ def frozen_copy(model):
     clone.eval()
     clone.requires_grad_(False)
     return clone
+
+
+def autocast(model, dtype_name: str):
+    """Mixed-precision context for the model's device ('' = a no-op context)."""
+    import contextlib
+
+    if not dtype_name:
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    return torch.autocast(device, dtype=DTYPES[dtype_name])

@@ -15,6 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import ops
 
+from .distributed import gathered
+from .model import autocast
 from .records import TurnRecord
 
 
@@ -108,8 +110,11 @@ def batch_positions(packed_ids_mask: torch.Tensor, cu: torch.Tensor, batch: list
 
 @torch.no_grad()
 def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    token_budget: int, fused: bool = True) -> torch.Tensor:
-    """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere."""
+                    token_budget: int, fused: bool = True, lockstep=None) -> torch.Tensor:
+    """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere.
+
+    `lockstep(n) -> N` (ZeRO-3) returns the largest forward count of any rank; this rank then runs
+    N − n dummy forwards so the collective parameter gathers line up."""
     was_training = model.training
     model.eval()
     out = torch.zeros(len(ids), dtype=torch.float32)
@@ -119,25 +124,34 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
     active = torch.zeros(len(lengths), dtype=torch.bool)
     active[seq_of[mask]] = True  # sequences with nothing to score are never forwarded
     active_ids = active.nonzero().squeeze(-1).tolist()
+    batches = budget_batches([lengths[s] for s in active_ids], token_budget)
     try:
-        for sub in budget_batches([lengths[s] for s in active_ids], token_budget):
+        for _ in range((lockstep(len(batches)) if lockstep else len(batches)) - len(batches)):
+            dummy_forward(model)
+        for sub in batches:
             batch = [active_ids[i] for i in sub]
             positions = batch_positions(mask, cu, batch)
             flat = torch.cat(positions)
-            if len(flat) == 0:
-                continue
             hidden = _hidden_rows(model, ids, cu, batch, positions)
             targets = ids[flat].to(hidden.device)
             if head is not None:
-                lp = ops.fused_token_logprobs(hidden.contiguous(), head.weight.detach().contiguous(), targets,
-                                              temperature=temperature)
+                with gathered(head.weight):
+                    weight = head.weight.detach()
+                    lp = ops.fused_token_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(),
+                                                  targets, temperature=temperature)
             else:
-                logits = model.get_output_embeddings()(hidden)
-                lp = ops.token_logprobs(_final_logits(model, logits).contiguous(), targets, temperature=temperature)
+                logits = _final_logits(model, model.get_output_embeddings()(hidden))
+                lp = ops.token_logprobs(logits.contiguous(), targets, temperature=temperature)
             out[flat] = lp.float().cpu()
     finally:
         model.train(was_training)
     return out
+
+
+def dummy_forward(model):
+    """A one-token forward whose output is used only to keep ranks in lockstep (see distributed)."""
+    device = next(model.parameters()).device
+    return model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).last_hidden_state
 
 
 def _final_logits(model, logits: torch.Tensor) -> torch.Tensor:
@@ -149,21 +163,24 @@ def _final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
-                   temperature: float, chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                   temperature: float, chunk_tokens: int = 1024, precision: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable log-probs (and detached entropies) of the response tokens of one micro-batch.
 
     The LM head and log-softmax run in checkpointed token chunks, so at most
-    chunk_tokens × vocab logits are alive at once, in the forward and the backward.
+    chunk_tokens × vocab logits are alive at once, in the forward and the backward. `precision`
+    autocasts the forward only: autocast must not reach the backward or the optimizer step (seen
+    here: with both under CPU bf16 autocast, SmolLM2's warm start stopped learning).
     """
-    hidden = _hidden_rows(model, ids, cu, batch, positions)
-    targets = ids[torch.cat(positions)].to(hidden.device)
-    head = model.get_output_embeddings()
-    lps, entropies = [], []
-    for start in range(0, len(targets), chunk_tokens):
-        h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
-        lp, entropy = checkpoint(_chunk_logprobs, model, head, h, t, temperature, use_reentrant=False)
-        lps.append(lp)
-        entropies.append(entropy.detach())
+    with autocast(model, precision):
+        hidden = _hidden_rows(model, ids, cu, batch, positions)
+        targets = ids[torch.cat(positions)].to(hidden.device)
+        head = model.get_output_embeddings()
+        lps, entropies = [], []
+        for start in range(0, len(targets), chunk_tokens):
+            h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
+            lp, entropy = checkpoint(_chunk_logprobs, model, head, h, t, temperature, use_reentrant=False)
+            lps.append(lp)
+            entropies.append(entropy.detach())
     return torch.cat(lps), torch.cat(entropies)
 
 
@@ -186,7 +203,7 @@ class ReplayResult:
 
 def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
                   record_rubrics: list[list[int] | None], alpha: float, temperature: float,
-                  token_budget: int, fused: bool = True) -> ReplayResult:
+                  token_budget: int, fused: bool = True, lockstep=None) -> ReplayResult:
     """Log-probs of the same response tokens without and with the rubric spliced in at each
     record's slot; their gap Δ shapes the token advantage (paper §3.3).
 
@@ -196,7 +213,7 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     """
     packed = pack(records)
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
-                          token_budget, fused)
+                          token_budget, fused, lockstep)
     rubric_index, table, rubric_cu = [], [], [0]
     seen: dict[tuple, int] = {}
     for rubric in record_rubrics:
@@ -212,12 +229,12 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     index = torch.tensor(rubric_index, dtype=torch.long)
     eligible = index >= 0
     slots = torch.tensor([max(r.rubric_slot, 0) for r in records], dtype=torch.long)
-    if eligible.any():
+    if eligible.any() or lockstep:
         new_ids, new_cu, pos_map = ops.splice_rubric(packed.ids, packed.cu_seqlens, slots,
                                                      torch.tensor(table, dtype=torch.long),
                                                      torch.tensor(rubric_cu, dtype=torch.long), index)
         mask = spliced_response_mask(packed, len(new_ids), pos_map, eligible)
-        with_rubric = replay_logprobs(model, new_ids, new_cu, mask, temperature, token_budget, fused)
+        with_rubric = replay_logprobs(model, new_ids, new_cu, mask, temperature, token_budget, fused, lockstep)
     else:
         pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
     advantages, delta, valid = ops.shape_advantages(

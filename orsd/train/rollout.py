@@ -31,7 +31,7 @@ def message_boundary(tokenizer, messages: list[dict], index: int, full_ids: list
 
 
 def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: int,
-                  max_history_turns: int = 0) -> tuple[list[int], int, bool]:
+                  max_history_turns: int = 0, templates=None) -> tuple[list[int], int, bool]:
     """(context ids, rubric slot, history dropped?) for the trajectory's next turn.
 
     The slot is the boundary before the last user message (the current observation), so the
@@ -39,7 +39,7 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
     dropped, after the task message, until the context fits `max_context_tokens`.
     """
     messages = build_messages(env, trajectory.task, trajectory.observations, trajectory.actions,
-                              env.admissible_actions())
+                              env.admissible_actions(), templates)
     head, history, last = messages[:2], messages[2:-1], messages[-1:]
     if len(messages) < 3:  # first turn: system + task message only
         head, history, last = messages[:1], [], messages[1:]
@@ -57,7 +57,7 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
 
 def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
             max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-            key_prefix: str = "", group_offset: int = 0) -> list[Group]:
+            key_prefix: str = "", group_offset: int = 0, templates=None) -> list[Group]:
     """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
 
     Request keys are `<key_prefix>:<global group index>:<sample>:<turn>` (see RolloutEngine)."""
@@ -76,7 +76,7 @@ def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int,
     horizon = max_actions or env.max_actions
     while live:
         contexts = [build_context(tokenizer, fork, t, max_context_tokens - sampling.max_new_tokens,
-                                  max_history_turns) for t, fork, _ in live]
+                                  max_history_turns, templates) for t, fork, _ in live]
         keys = [f"{key}:{len(t.actions)}" for t, _, key in live]
         generations = engine.generate([ids for ids, _, _ in contexts], sampling, keys)
         still = []
@@ -110,4 +110,4 @@ def finish(trajectory: Trajectory, fork, info: dict) -> None:
     trajectory.score = float(info.get("score", 0.0))
     trajectory.num_invalid = fork.num_invalid
     trajectory.num_no_progress = fork.num_no_progress
-    trajectory.reward = 0.0 if trajectory.error else float(episode_reward(fork))
+    trajectory.reward = 0.0 if trajectory.error else float(episode_reward(fork, info))

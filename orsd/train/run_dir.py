@@ -28,20 +28,27 @@ PACKAGES = ("orsd", "torch", "transformers", "tokenizers", "numpy", "scipy", "ht
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    """The run directory; with `writer=False` (ranks other than 0) every write is a no-op."""
+
+    def __init__(self, path: str | Path, writer: bool = True):
         self.path = Path(path)
+        self.writer = writer
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "checkpoints").mkdir(exist_ok=True)
 
     def write_config(self, config: Config) -> None:
-        atomic_write(self.path / "config.yaml", to_yaml(config))
+        if self.writer:
+            atomic_write(self.path / "config.yaml", to_yaml(config))
 
     def write_environment(self, config: Config) -> None:
-        atomic_write(self.path / "environment.json", json.dumps(environment(config), indent=2))
+        if self.writer:
+            atomic_write(self.path / "environment.json", json.dumps(environment(config), indent=2))
 
     def append(self, name: str, record: dict) -> None:
         """One JSON line appended with a single write on an O_APPEND descriptor, so a reader (or a
         crash) never sees half a line interleaved with another."""
+        if not self.writer:
+            return
         line = (json.dumps(_jsonable(record), allow_nan=False) + "\n").encode()
         fd = os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -58,7 +65,7 @@ class RunDir:
     def truncate_after(self, step: int) -> None:
         """Drop JSONL records of steps after `step` (written by a run killed before its next
         checkpoint), so a resumed run's records match an unbroken run's."""
-        for name in ("steps.jsonl", "groups.jsonl", "eval.jsonl"):
+        for name in ("steps.jsonl", "groups.jsonl", "eval.jsonl") if self.writer else ():
             rows = self.read(name)
             kept = [r for r in rows if r.get("step", 0) <= step]
             if len(kept) != len(rows):

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from orsd import envs, ops, rubric
+from orsd.envs.prompts import prompt_templates
 
 from . import bundles as rubric_stage
 from .config import Config
+from .distributed import combine_metrics, deepspeed_backward, gathered
 from .engines import HfEngine, Sampling
 from .loss import update
+from .model import autocast
 from .records import Group
 from .replay import paired_replay, replay_logprobs
 from .rollout import rollout
@@ -46,8 +49,11 @@ class Trainer:
     """Holds the policy, its frozen reference, the engines and the env; `step()` is Algorithm 1."""
 
     def __init__(self, config: Config, policy, tokenizer, reference, verifier, env, engine=None,
-                 optimizer=None, world_size: int = 1, rank: int = 0):
+                 optimizer=None, dist=None, ds_engine=None):
         self.config = config
+        self.dist, self.ds_engine = dist, ds_engine
+        if ds_engine is not None:  # forwards go to the module; DeepSpeed owns backward and step
+            policy, optimizer = ds_engine.module, ds_engine.optimizer
         self.policy = policy
         self.tokenizer = tokenizer
         self.reference = reference
@@ -57,47 +63,70 @@ class Trainer:
         self.optimizer = optimizer or torch.optim.AdamW(
             [p for p in policy.parameters() if p.requires_grad], lr=config.optim.lr,
             betas=tuple(config.optim.betas), weight_decay=config.optim.weight_decay)
-        warmup = max(config.optim.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-        self.world_size, self.rank = world_size, rank
+        self.scheduler = (ds_engine.lr_scheduler if ds_engine is not None
+                          else warmup_schedule(self.optimizer, config.optim.warmup_steps))
+        self.world_size, self.rank = (dist.world_size, dist.rank) if dist else (1, 0)
+        self.templates = prompt_templates(config.env.name, config.env.prompt)
         self.offline_bundles: dict[str, object] = {}  # offline_rubric: task id -> bundle, kept
         self.initial_engine = None  # offline_rubric: generation with the frozen initial policy
         self.task_rng = random.Random(config.train.seed)
         self.step_index = 0
-        self.backward = self.optimizer_step = None  # set by a DeepSpeed wrapper
+        self.backward = self.optimizer_step = None
+        if ds_engine is not None:
+            self.backward = lambda loss, last: deepspeed_backward(ds_engine, loss, last)
+            self.optimizer_step = lambda: (ds_engine.step(), float(ds_engine.get_global_grad_norm() or 0.0))[1]
+        # collectives that keep ranks in step: micro-batch counts always, forwards under ZeRO-3
+        self.lockstep = dist.max_int if dist else None
+        self.replay_lockstep = dist.max_int if dist and dist.zero_stage == 3 else None
 
     # -- Algorithm 1 -----------------------------------------------------------------------------
     def step(self) -> StepResult:
         cfg, seconds = self.config, {}
         seed_everything(cfg.train.seed, self.step_index)
-        with timed(seconds, "rollout"):
+        stage = self.stage_timer(seconds)
+        with stage("rollout"):
             tasks = self.sample_tasks()
             groups = rollout(self.engine, self.tokenizer, self.env, tasks, cfg.rollout.group_size,
                              self.rollout_sampling(), cfg.rollout.max_context_tokens, cfg.env.max_actions,
-                             cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset)
+                             cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
+                             self.templates)
             # rewards (Eq. 12/13) are set per trajectory as its episode ends
-        with timed(seconds, "advantages"):
+        with stage("advantages"):
             self.grpo_advantages(groups)
         if cfg.uses_rubrics:
-            with timed(seconds, "bundles"):
+            with stage("bundles"):
                 candidates = self.generate_bundles(groups)
-            with timed(seconds, "verifier"):
+            with stage("verifier"):
                 self.verify(candidates)
-            with timed(seconds, "align"):
+            with stage("align"):
                 self.align(candidates)
-        with timed(seconds, "replay"):
+        with stage("replay"):
             replay = self.paired_replay(groups)
-        with timed(seconds, "reference"):
+        with stage("reference"):
             reference = self.reference_logprobs(replay)
-        with timed(seconds, "update"):
+        with timed(seconds, "update"):  # autocasts its forwards only, never backward or step
             update_metrics = self.update(replay, reference)
         with timed(seconds, "sync"):
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
-        return StepResult(groups, self.metrics(groups, replay, update_metrics), seconds)
+        metrics = self.metrics(groups, replay, update_metrics)
+        if self.dist is not None:  # every rank's groups and metrics, for rank 0's records
+            gathered = self.dist.gather((groups, metrics))
+            groups = [g for rank_groups, _ in gathered for g in rank_groups]
+            metrics = combine_metrics([m for _, m in gathered])
+        return StepResult(groups, metrics, seconds)
 
     # -- stages ----------------------------------------------------------------------------------
+    def stage_timer(self, seconds: dict):
+        """A no-grad stage: timed, and in mixed precision when model.autocast is set."""
+
+        @contextmanager
+        def stage(name: str):
+            with timed(seconds, name), autocast(self.policy, self.config.model.autocast):
+                yield
+
+        return stage
+
     def sample_tasks(self) -> list:
         """This rank's share of the step's `tasks_per_step` tasks. Every rank draws the same tasks
         from the same seeded sampler (its position is part of the checkpoint) and keeps its slice."""
@@ -181,7 +210,7 @@ class Trainer:
                     rubrics.append(ids if fits else None)  # e = 0 where splicing is impossible
         replay = paired_replay(self.policy, records, advantages, rubrics,
                                cfg.rubric.alpha if cfg.uses_rubrics else 0.0, cfg.rollout.temperature,
-                               cfg.replay.token_budget, cfg.replay.fused)
+                               cfg.replay.token_budget, cfg.replay.fused, self.replay_lockstep)
         self.keep_delta_examples(groups, replay)
         return replay
 
@@ -207,21 +236,25 @@ class Trainer:
         p = replay.packed
         return replay_logprobs(self.reference, p.ids, p.cu_seqlens, p.response_mask,
                                self.config.rollout.temperature, self.config.replay.token_budget,
-                               self.config.replay.fused)
+                               self.config.replay.fused)  # the reference is a plain full copy per rank
 
     def update(self, replay, reference: torch.Tensor) -> dict:
         o, p = self.config.optim, replay.packed
-        if p.num_sequences == 0:
+        if p.num_sequences == 0 and self.dist is None:
             return {}
         return update(self.policy, self.optimizer, p, replay.old_logprobs, reference, replay.advantages,
                       temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
                       clip_eps=o.clip_eps, dual_clip=o.dual_clip, log_ratio_clamp=o.log_ratio_clamp,
-                      kl_coef=o.kl_coef, grad_clip=o.grad_clip, data_parallel_size=self.world_size,
-                      backward=self.backward, step=self.optimizer_step, scheduler=self.scheduler)
+                      kl_coef=o.kl_coef, grad_clip=o.grad_clip, lockstep=self.lockstep,
+                      backward=self.backward, step=self.optimizer_step,
+                      scheduler=None if self.ds_engine is not None else self.scheduler,
+                      precision=self.config.model.autocast)
 
     def save_policy(self, path) -> None:
-        """An HF-loadable copy of the current policy (a DeepSpeed wrapper gathers shards first)."""
-        self.policy.save_pretrained(path)
+        """An HF-loadable copy of the current policy; under ZeRO-3 all ranks gather, rank 0 writes."""
+        with gathered(*self.policy.parameters()) if self.dist and self.dist.zero_stage == 3 else nullcontext():
+            if self.rank == 0:
+                self.policy.save_pretrained(path)
 
     # -- records -----------------------------------------------------------------------------------
     def metrics(self, groups: list[Group], replay, update_metrics: dict) -> dict:
@@ -255,6 +288,12 @@ class Trainer:
         if self.verifier is not None and hasattr(self.verifier, "stats"):
             out["verifier"] = self.verifier.stats(reset=True)  # this step's accounting
         return out
+
+
+def warmup_schedule(optimizer, warmup_steps: int):
+    """Linear warm-up over `warmup_steps` optimizer steps, then the constant base rate."""
+    warmup = max(warmup_steps, 0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
 
 def _mean(values) -> float:

@@ -4,7 +4,9 @@ A 135M model zero-shot almost never writes a valid `<action>`, so every reward i
 equal and neither GRPO nor ORSD has a signal. Demonstrations come from `env.expert_action()`
 played in the same chat format the policy sees during rollouts; with `noise` > 0 a random command
 is sometimes executed instead of the expert's (the label stays the expert's), so the demos also
-cover states off the expert's path (DAgger-style).
+cover states off the expert's path (DAgger-style). A model fitted on actions alone answers every
+prompt with an action, the bundle prompt included, so a few bundle-format demonstrations
+(`collect_bundle_demos`) keep it writing numbered criteria.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from orsd import rubric
 from orsd.envs.prompts import demonstration_answer
 
 from .records import Trajectory
-from .replay import pack, batch_positions, train_logprobs
-from .rollout import build_context
+from .replay import batch_positions, budget_batches, pack, train_logprobs
+from .rollout import build_context, render
 
 
 @dataclass
@@ -28,32 +31,70 @@ class Demo:
 
 
 def collect_demos(env, tokenizer, episodes: int, max_context_tokens: int, rng: random.Random,
-                  noise: float = 0.0, max_actions: int = 0) -> list[Demo]:
+                  noise: float = 0.0, max_actions: int = 0, max_history_turns: int = 0,
+                  templates=None) -> list[Demo]:
+    """One demonstration per expert turn of `episodes` episodes, in the rollout's chat format."""
     demos = []
-    stop = tokenizer.eos_token_id
     for _ in range(episodes):
-        task = env.sample_task(rng)
-        episode = env.fork()
-        trajectory = Trajectory(task=task, observations=[episode.reset(task)], actions=[])
-        done = False
-        while not done and episode.num_actions < (max_actions or env.max_actions):
-            context, _, _ = build_context(tokenizer, episode, trajectory, max_context_tokens)
-            expert = episode.expert_action()
-            answer = demonstration_answer(env.name, expert)
-            demos.append(Demo(context, tokenizer.encode(answer, add_special_tokens=False) + [stop]))
-            admissible = episode.admissible_actions()
-            action = expert
-            if noise and rng.random() < noise:
-                action = rng.choice(admissible) if admissible else expert
-            observation, done, _ = episode.step(action)
-            trajectory.actions.append(action)
-            trajectory.observations.append(observation)
+        trajectory, turns = play(env, env.sample_task(rng), rng, noise, max_actions,
+                                 lambda episode, t: build_context(tokenizer, episode, t, max_context_tokens,
+                                                                  max_history_turns, templates)[0])
+        demos += [Demo(context, answer_ids(tokenizer, demonstration_answer(env.name, expert)))
+                  for context, expert in turns]
     return demos
 
 
+def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript_chars: int,
+                         rng: random.Random, template=None, max_actions: int = 0) -> list[Demo]:
+    """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts
+    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml."""
+    from importlib import resources
+
+    import yaml
+
+    pool = yaml.safe_load(resources.files("orsd.train").joinpath("criteria_pool.yaml").read_text())[env.name]
+    demos = []
+    for _ in range(count):
+        task = env.sample_task(rng)
+        runs = [play(env, task, rng, noise, max_actions)[0] for noise in
+                [i / max(group_size - 1, 1) for i in range(group_size)]]
+        transcripts = [rubric.format_transcript(t.observations, t.actions, max_chars=transcript_chars) for t in runs]
+        prompt = render(tokenizer, rubric.generation_messages(task.description, transcripts, template=template))
+        chosen = rng.sample(pool, rng.randint(rubric.MIN_CRITERIA, min(rubric.MAX_CRITERIA, len(pool))))
+        answer = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(chosen, 1))
+        demos.append(Demo(prompt, answer_ids(tokenizer, answer)))
+    return demos
+
+
+def play(env, task, rng: random.Random, noise: float, max_actions: int, context_of=None):
+    """One episode led by the expert; with probability `noise` a random admissible command is
+    executed instead (the label stays the expert's). Returns the trajectory and, when
+    `context_of` is given, (context ids, expert command) per turn."""
+    episode = env.fork()
+    trajectory = Trajectory(task=task, observations=[episode.reset(task)], actions=[])
+    turns, done = [], False
+    while not done and episode.num_actions < (max_actions or env.max_actions):
+        expert = episode.expert_action()
+        if context_of is not None:
+            turns.append((context_of(episode, trajectory), expert))
+        admissible = episode.admissible_actions()
+        action = rng.choice(admissible) if noise and admissible and rng.random() < noise else expert
+        observation, done, _ = episode.step(action)
+        trajectory.actions.append(action)
+        trajectory.observations.append(observation)
+    return trajectory, turns
+
+
+def answer_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
 def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int, seed: int = 0,
-               progress=None) -> list[float]:
-    """Cross-entropy on the demonstration answers only; returns the loss of every optimizer step."""
+               progress=None, precision: str = "", micro_batch_tokens: int = 2048) -> list[float]:
+    """Cross-entropy on the demonstration answers only (mean over a batch's answer tokens);
+    returns the loss of every optimizer step. Each batch of `batch_size` demonstrations is split
+    into micro-batches of at most `micro_batch_tokens` padded tokens, so memory stays bounded
+    whatever the prompt lengths."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []
@@ -62,19 +103,22 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
         order = list(range(len(demos)))
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
-            chosen = [demos[i] for i in order[start:start + batch_size]]
-            packed = pack([_as_record(d) for d in chosen])
-            batch = list(range(len(chosen)))
-            positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
-            logprobs, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0)
-            loss = -logprobs.mean()
+            packed = pack([_as_record(demos[i]) for i in order[start:start + batch_size]])
+            answer_tokens = sum(len(demos[i].response_ids) for i in order[start:start + batch_size])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            total = 0.0
+            for batch in budget_batches(packed.lengths, micro_batch_tokens):
+                positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
+                logprobs, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
+                                             precision=precision)
+                loss = -logprobs.sum() / answer_tokens
+                loss.backward()
+                total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(total)
             if progress is not None:
-                progress(losses[-1])
+                progress(total)
     return losses
 
 

@@ -79,7 +79,7 @@ def test_same_text_and_commands_as_upstream_textworld(cache_dir):
 def test_same_text_and_commands_as_upstream_textworld_every_type(cache_dir):
     entries = alfworld_generator.prepare(cache_dir, 0, SIZES, num_workers=2)
     for seed, entry in enumerate(entries["train"][::2]):  # one task of each type
-        check_against_upstream(entry["gamefile"], seed, steps=40)
+        check_against_upstream(entry["gamefile"], seed, steps=25)
 
 
 def test_translation_does_not_leak_sys_argv(cache_dir):

@@ -75,4 +75,44 @@ def small_config(*overrides: str):
     return load_config(None, ["rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
                               "rollout.max_context_tokens=4096", "env.max_actions=2", "rubric.max_new_tokens=16",
                               "rubric.num_bundles=2", "rubric.transcript_chars=600", "optim.lr=1e-3",
-                              "replay.token_budget=8192", "optim.micro_batch_tokens=4096", *overrides])
+                              "replay.token_budget=8192", "optim.micro_batch_tokens=4096", "model.autocast=",
+                              *overrides])
+
+
+class ExpertReplayEngine:
+    """Test fake engine that plays the environment's expert where `plays_expert(task, sample)` says
+    so and answers without an action otherwise. It rebuilds each episode from the prompt alone
+    (task description + action history, replayed in a shadow copy of the env), so its answers depend
+    only on what a policy would see; bundle prompts get a parsable bundle."""
+
+    def __init__(self, tokenizer, env, plays_expert, split=None):
+        import re
+
+        self.tokenizer, self.env, self.plays_expert = tokenizer, env, plays_expert
+        self.by_description = {t.description: t for t in env.tasks(split or env.split)}
+        self.action_pattern = re.compile(r"<action>(.*?)</action>", re.S)
+        self.stop = tokenizer.eos_token_id
+
+    def generate(self, prompts, sampling, keys=None):
+        out = []
+        for i, prompt in enumerate(prompts):
+            text = self.tokenizer.decode(prompt)
+            if "process rubric" in text.lower() and "criteria" in text:
+                answer = BUNDLE
+            else:
+                task = next(t for d, t in self.by_description.items() if d in text)
+                sample = int(keys[i].split(":")[2]) if keys else i
+                answer = "<think>pass</think>"
+                if self.plays_expert(task, sample):
+                    shadow = self.env.fork()
+                    shadow.reset(task)
+                    history = text.split("<|im_start|>user", 1)[1]
+                    for action in self.action_pattern.findall(history):
+                        shadow.step(action)
+                    answer = f"<think>go</think><action>{shadow.expert_action()}</action>"
+            ids = self.tokenizer.encode(answer, add_special_tokens=False) + [self.stop]
+            out.append(Generation(ids, [-0.5] * len(ids), True))
+        return out
+
+    def sync_weights(self, model):
+        pass

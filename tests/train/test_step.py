@@ -92,3 +92,15 @@ def test_summary_of_a_group_is_json_ready(tiny_model, tiny_tokenizer):
         back = json.loads(line)
         assert len(back["transcripts"]) == config.rollout.group_size
         assert "reward" not in json.dumps(back["bundle_texts"]).lower()
+
+
+def test_bf16_autocast_step_learns_and_keeps_replay_close(tiny_model, tiny_tokenizer):
+    """The CPU default's mixed precision: no-grad stages and update forwards in bf16, fp32 weights."""
+    config = small_config("rubric.mode=grpo", "model.autocast=bfloat16")
+    trainer = make_trainer(config, tiny_model, tiny_tokenizer)
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    result = trainer.step()
+    assert result.metrics["replay_rollout_gap"] < 0.05  # bf16 rounding differs with batching
+    assert abs(result.metrics["ratio"] - 1.0) < 1e-2  # π_old and the update's forward agree
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+    assert any(not torch.equal(b, p) for b, p in zip(before, tiny_model.parameters()))
