@@ -47,7 +47,7 @@ def collect_demos(env, tokenizer, episodes: int, max_context_tokens: int, rng: r
 def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript_chars: int,
                          rng: random.Random, template=None, max_actions: int = 0) -> list[Demo]:
     """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts
-    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml."""
+    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml, in the pool's order."""
     from importlib import resources
 
     import yaml
@@ -60,7 +60,11 @@ def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript
                 [i / max(group_size - 1, 1) for i in range(group_size)]]
         transcripts = [rubric.format_transcript(t.observations, t.actions, max_chars=transcript_chars) for t in runs]
         prompt = render(tokenizer, rubric.generation_messages(task.description, transcripts, template=template))
-        chosen = rng.sample(pool, rng.randint(rubric.MIN_CRITERIA, min(rubric.MAX_CRITERIA, len(pool))))
+        # A random subset kept in pool order: every demonstrated transition moves forward through
+        # the pool, so a small model learns to write distinct criteria and then stop; with shuffled
+        # order SmolLM2 learned "any criterion may follow any other" and repeated one line 9 times.
+        size = rng.randint(rubric.MIN_CRITERIA, min(rubric.MAX_CRITERIA, len(pool)))
+        chosen = [pool[i] for i in sorted(rng.sample(range(len(pool)), size))]
         answer = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(chosen, 1))
         demos.append(Demo(prompt, answer_ids(tokenizer, answer)))
     return demos
