@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import sys
@@ -127,8 +128,17 @@ def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
     if config.uses_rubrics and w.bundle_demos:
         demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
                                       rng, config.rubric.generation_template or None, config.env.max_actions)
-    losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed,
-                        precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
+    from tqdm.auto import tqdm
+
+    steps = w.epochs * -(-len(demos) // w.batch_size)
+    show = config.train.progress and os.environ.get("RANK", "0") == "0"  # rank 0 only under a launcher
+    with tqdm(total=steps, desc="warm start", unit="step", disable=not show or not demos) as bar:
+        def progress(loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update()
+
+        losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
+                            precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
     log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
         f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
         f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")

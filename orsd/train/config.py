@@ -80,6 +80,8 @@ class RubricConfig:
     generation_template: str = doc("", "file overriding the bundle-generation prompt ('' = built-in)")
     context_template: str = doc("", "file overriding the privileged rubric message ('' = built-in)")
     context_role: str = doc("system", "chat role of the spliced rubric message (system | user)")
+    no_repeat_ngram_size: int = doc(0, "hf engine only: ban repeated n-grams of this size in bundles "
+                                    "(0 = off, the paper; bundle tokens are never trained on)")
 
 
 @dataclass
@@ -195,6 +197,9 @@ class Config:
             ("rollout.max_new_tokens", self.rollout.max_new_tokens >= 1, "an integer >= 1"),
             ("rubric.num_bundles", self.rubric.num_bundles >= 1, "an integer >= 1"),
             ("rubric.temperature", self.rubric.temperature > 0, "a positive number"),
+            ("rubric.no_repeat_ngram_size", self.rubric.no_repeat_ngram_size == 0
+             or (self.rubric.no_repeat_ngram_size > 0 and self.rollout.engine == "hf"),
+             "0, or a positive size with rollout.engine=hf (vLLM cannot ban n-grams)"),
             ("optim.lr", self.optim.lr >= 0, "a number >= 0"),
             ("optim.clip_eps", 0 < self.optim.clip_eps < 1, "a number in (0, 1)"),
             ("optim.dual_clip", self.optim.dual_clip == 0 or self.optim.dual_clip > 1,

@@ -20,6 +20,10 @@ class Sampling:
     top_p: float = 1.0
     max_new_tokens: int = 512
     greedy: bool = False
+    # hf engine only (vLLM has no such option): forbid any repeated n-gram of this size. Used for
+    # bundle generation, whose tokens are never trained on; rollouts keep it 0 so their log-probs
+    # stay those of the temperature-scaled policy.
+    no_repeat_ngram_size: int = 0
 
 
 @dataclass
@@ -92,6 +96,7 @@ class HfEngine:
             do_sample=not sampling.greedy, temperature=sampling.temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None, top_k=None,
             max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+            no_repeat_ngram_size=sampling.no_repeat_ngram_size or None,
             output_logits=True, return_dict_in_generate=True)
         was_training = self.model.training
         self.model.eval()

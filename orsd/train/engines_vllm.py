@@ -360,6 +360,9 @@ def _key_seed(seed: int, key: str) -> int:
 
 
 def _check_sampling(sampling: Sampling) -> None:
+    if sampling.no_repeat_ngram_size:
+        raise ValueError(f"sampling.no_repeat_ngram_size={sampling.no_repeat_ngram_size}: the vllm engine has no "
+                         "n-gram ban; expected 0 (set rubric.no_repeat_ngram_size=0 or use rollout.engine=hf)")
     if sampling.max_new_tokens < 1:
         raise ValueError(f"sampling.max_new_tokens={sampling.max_new_tokens}: expected at least 1")
     if not sampling.greedy:

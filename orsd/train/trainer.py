@@ -157,7 +157,7 @@ class Trainer:
         bundle can correlate with constant rewards (ρ undefined) — it saves generation and verifier
         calls without changing any result."""
         r, mode = self.config.rubric, self.config.rubric.mode
-        sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens)
+        sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size)
         template = r.generation_template or None
         if mode == "offline_rubric":
             fresh = [g for g in groups if g.task.id not in self.offline_bundles]

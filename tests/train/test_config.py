@@ -88,3 +88,27 @@ def test_docs_config_md_is_generated_from_the_dataclasses():
 
     path = Path(__file__).parents[2] / "docs" / "config.md"
     assert path.read_text() == config_markdown(), "regenerate: python -m orsd.train.config > docs/config.md"
+
+
+PRESETS = sorted((__import__("pathlib").Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_preset_passes_dry_run(preset, capsys):
+    assert main(["--config", str(preset), "--dry-run"]) == 0, capsys.readouterr().err
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == yaml.safe_load(to_yaml(load_config(preset)))
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if "qwen3" in p.stem and "smoke" not in p.stem],
+                         ids=lambda p: p.stem)
+def test_paper_presets_hold_the_papers_settings(preset):
+    """Tables 4/5: 8 tasks x 8 rollouts, 300 steps, lr 1e-6, no warm start, a GRPO twin."""
+    config = load_config(preset)
+    assert (config.rollout.tasks_per_step, config.rollout.group_size) == (8, 8)
+    assert config.train.steps == 300 and config.optim.lr == 1e-6 and not config.warm_start.enabled
+    assert config.env.name in preset.stem
+    assert config.model.path == ("Qwen/Qwen3-4B" if "_4b_" in preset.stem else "Qwen/Qwen3-1.7B")
+    assert config.rubric.mode == ("grpo" if preset.stem.endswith("grpo") else "orsd")
+    twin = preset.with_name(preset.stem.rsplit("_", 1)[0] + ("_orsd" if preset.stem.endswith("grpo") else "_grpo") + ".yaml")
+    assert twin.exists()
