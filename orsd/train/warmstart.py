@@ -47,7 +47,8 @@ def collect_demos(env, tokenizer, episodes: int, max_context_tokens: int, rng: r
 def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript_chars: int,
                          rng: random.Random, template=None, max_actions: int = 0) -> list[Demo]:
     """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts
-    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml, in the pool's order."""
+    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml, kept in
+    the pool's order."""
     from importlib import resources
 
     import yaml

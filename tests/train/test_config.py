@@ -1,5 +1,7 @@
 """Config loading: strict keys and types, dot-path overrides, the embedded default, --dry-run."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -82,15 +84,13 @@ def test_yaml_round_trip(tmp_path):
 
 
 def test_docs_config_md_is_generated_from_the_dataclasses():
-    from pathlib import Path
-
     from orsd.train.config import config_markdown
 
     path = Path(__file__).parents[2] / "docs" / "config.md"
     assert path.read_text() == config_markdown(), "regenerate: python -m orsd.train.config > docs/config.md"
 
 
-PRESETS = sorted((__import__("pathlib").Path(__file__).parents[2] / "configs").glob("*.yaml"))
+PRESETS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
