@@ -115,6 +115,8 @@ def build_engine(config, policy, tokenizer, run_dir, dist=None):
 
 
 def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
+    from tqdm.auto import tqdm
+
     from orsd.envs.prompts import prompt_templates
     from orsd.train.warmstart import collect_bundle_demos, collect_demos, warm_start
 
@@ -128,8 +130,6 @@ def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
     if config.uses_rubrics and w.bundle_demos:
         demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
                                       rng, config.rubric.generation_template or None, config.env.max_actions)
-    from tqdm.auto import tqdm
-
     steps = w.epochs * -(-len(demos) // w.batch_size)
     show = config.train.progress and os.environ.get("RANK", "0") == "0"  # rank 0 only under a launcher
     with tqdm(total=steps, desc="warm start", unit="step", disable=not show or not demos) as bar:

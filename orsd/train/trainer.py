@@ -111,9 +111,9 @@ class Trainer:
         self.step_index += 1
         metrics = self.metrics(groups, replay, update_metrics)
         if self.dist is not None:  # every rank's groups and metrics, for rank 0's records
-            gathered = self.dist.gather((groups, metrics))
-            groups = [g for rank_groups, _ in gathered for g in rank_groups]
-            metrics = combine_metrics([m for _, m in gathered])
+            per_rank = self.dist.gather((groups, metrics))
+            groups = [g for rank_groups, _ in per_rank for g in rank_groups]
+            metrics = combine_metrics([m for _, m in per_rank])
         return StepResult(groups, metrics, seconds)
 
     # -- stages ----------------------------------------------------------------------------------
