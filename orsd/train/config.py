@@ -152,7 +152,7 @@ class TrainConfig:
     run_name: str = doc("orsd", "name of the run directory under runs/")
     save_every: int = doc(0, "checkpoint every K steps (0 = only at the end)")
     keep_checkpoints: int = doc(2, "keep the last N checkpoints")
-    eval_every: int = doc(0, "evaluate every K steps (0 = never)")
+    eval_every: int = doc(50, "evaluate every K steps (0 = never; the embedded CPU default: 0)")
     eval_before: bool = doc(False, "evaluate before training")
     eval_tasks: int = doc(32, "held-out tasks per evaluation")
     eval_samples: int = doc(4, "samples per held-out task")
