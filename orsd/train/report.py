@@ -280,6 +280,7 @@ def plot_curves(runs, out_png: str | Path, smoothing: float = 0.9) -> Path:
 
 def _draw(curves: list[Curve], notes: list[str], out_png: Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend state, Agg canvas
+    from matplotlib.ticker import MaxNLocator
 
     envs = sorted({c.env for c in curves})
     colours = _colours([c.label for c in curves])
@@ -311,6 +312,7 @@ def _draw(curves: list[Curve], notes: list[str], out_png: Path) -> Path:
                     axes.legend(loc="best", fontsize=8)
                 if row == len(CURVE_METRICS) - 1:
                     axes.set_xlabel("training step")
+                    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "step 1.2" on short runs
         if notes:
             figure.suptitle("\n".join(notes), fontsize=8, color="#a04000")
     out_png.parent.mkdir(parents=True, exist_ok=True)
