@@ -100,10 +100,10 @@ COMPACT_TEMPLATES: dict[str, PromptTemplates] = {
 
 def prompt_templates(env_name: str, style: str = "full") -> PromptTemplates:
     """The templates of `env_name` in `style` "full" (default) or "compact"."""
-    table = {"full": TEMPLATES, "compact": COMPACT_TEMPLATES}
-    if style not in table:
+    if style not in ("full", "compact"):
         raise ValueError(f"style={style!r}: expected 'full' or 'compact'")
-    return _templates_for(env_name, None) if style == "full" else table[style][env_name]
+    full = _templates_for(env_name, None)  # also the check of env_name
+    return full if style == "full" else COMPACT_TEMPLATES[env_name]
 
 
 def _templates_for(env_name: str, templates: PromptTemplates | None) -> PromptTemplates:

@@ -8,6 +8,7 @@ architecture (GPU smoke runs, where nothing can be downloaded).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -112,8 +113,6 @@ def frozen_copy(model):
 
 def autocast(model, dtype_name: str):
     """Mixed-precision context for the model's device ('' = a no-op context)."""
-    import contextlib
-
     if not dtype_name:
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
