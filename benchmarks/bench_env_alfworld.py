@@ -20,8 +20,8 @@ from pathlib import Path
 
 from orsd.envs import make
 from orsd.envs.alfworld import AlfworldEnv
-from orsd.envs.alfworld_generator import cache_root, split_folder
-from orsd.envs.alfworld_scenes import TASK_TYPES
+from orsd.envs.alfworld.generator import cache_root, split_folder
+from orsd.envs.alfworld.scenes import TASK_TYPES
 
 BENCH_SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
 GARBAGE = (None, "", "jump", "go to the moon", "take everything")
@@ -61,7 +61,7 @@ def test_bench_alfworld_reset(benchmark):
 
 def test_bench_alfworld_reset_new_game(benchmark):
     """First reset of a game in this process: parse + PDDL translation (cached afterwards)."""
-    from orsd.envs import alfworld_engine
+    from orsd.envs.alfworld import engine as alfworld_engine
 
     env = _bench_env()
     tasks = env.tasks("train") + env.tasks("valid_seen") + env.tasks("valid_unseen")

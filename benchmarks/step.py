@@ -1,8 +1,8 @@
 """Seconds per stage of a GRPO step and an ORSD step on the same batch (issue 5's benchmark).
 
-One rollout is shared; then the GRPO stages (advantages, replay, reference, update) and the ORSD
-stages (advantages, bundles, verifier, alignment, paired replay, reference, update) run on it,
-each on its own copy of the policy. The verifier's time is reported apart: the target is
+One rollout is shared; then a GRPO step and an ORSD step (Trainer.step with that rollout: advantages,
+bundles, verifier, alignment, paired replay, reference, update) run on it, each on its own copy of
+the policy. The verifier's time is reported apart: the target is
 ORSD/GRPO <= 1.25 excluding verifier calls, for the whole step (rollout included) and for the
 stages after the rollout.
 
@@ -21,52 +21,32 @@ from pathlib import Path
 
 import torch
 
-from orsd.train.cli import build
+from orsd.train.build import build
 from orsd.train.config import load_config
 from orsd.train.model import autocast
-from orsd.train.rollout import rollout
 from orsd.train.trainer import Trainer, seed_everything
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def timed(seconds: dict, name: str, fn, *args):
-    start = time.perf_counter()
-    out = fn(*args)
-    seconds[name] = time.perf_counter() - start
-    return out
-
-
-def stages(trainer: Trainer, groups, with_rubrics: bool) -> dict:
-    seconds: dict = {}
-    timed(seconds, "advantages", trainer.grpo_advantages, groups)
-    if with_rubrics:
-        candidates = timed(seconds, "bundles", trainer.generate_bundles, groups)
-        timed(seconds, "verifier", trainer.verify, candidates)
-        timed(seconds, "align", trainer.align, candidates)
-    replay = timed(seconds, "replay", trainer.paired_replay, groups)
-    reference = timed(seconds, "reference", trainer.reference_logprobs, replay)
-    timed(seconds, "update", trainer.update, replay, reference)
-    seconds["_groups_with_bundle"] = sum(g.selected is not None for g in groups) / max(len(groups), 1)
-    return seconds
-
-
 def main(argv: list[str]) -> dict:
-    config = load_config(None, ["rubric.mode=orsd", "train.progress=false", *argv])
+    config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
     orsd, _ = build(config, None, None, log=lambda *_: None)
     grpo_config = copy.deepcopy(config)
-    grpo_config.rubric.mode = "grpo"
+    grpo_config.method.name = "grpo"
     grpo = Trainer(grpo_config, copy.deepcopy(orsd.policy), orsd.tokenizer, orsd.reference, None, orsd.env)
     with autocast(orsd.policy, config.model.autocast):
         seed_everything(config.train.seed, 0)
         start = time.perf_counter()
-        tasks = orsd.sample_tasks()
-        groups = rollout(orsd.engine, orsd.tokenizer, orsd.env, tasks, config.rollout.group_size,
-                         orsd.rollout_sampling(), config.rollout.max_context_tokens, config.env.max_actions,
-                         config.env.max_history_turns, "s0")
+        groups = orsd.rollout(orsd.sample_tasks())
         rollout_seconds = time.perf_counter() - start
-        grpo_seconds = stages(grpo, copy.deepcopy(groups), with_rubrics=False)
-        orsd_seconds = stages(orsd, groups, with_rubrics=True)
+    # the same batch through both methods' whole step (each from the same initial weights)
+    grpo_seconds = grpo.step(copy.deepcopy(groups)).seconds
+    orsd_result = orsd.step(groups)
+    orsd_seconds = dict(orsd_result.seconds, _groups_with_bundle=orsd_result.metrics["groups_with_bundle"])
+    for seconds in (grpo_seconds, orsd_seconds):
+        seconds.pop("rollout", None)
+        seconds.pop("sync", None)
 
     def total(seconds, skip=()):
         return sum(v for k, v in seconds.items() if not k.startswith("_") and k not in skip)

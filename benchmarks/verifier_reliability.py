@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from orsd.rubric import OpenAIVerifier, RubricBundle
-from orsd.rubric.fake_server import FakeChatServer, Reply, num_criteria_asked, scores_answer
+from helpers.fake_server import FakeChatServer, Reply, num_criteria_asked, scores_answer
 
 FAULTS = ("http_429", "http_500", "http_503", "timeout", "dropped_connection", "garbage_body",
           "prose_answer", "missing_scores", "extra_scores", "out_of_range_scores")

@@ -46,7 +46,7 @@ def make(name: str, split: str = "train", seed: int = 0, **options: Any) -> Env:
 
         return WebShopEnv(split=split, seed=seed, **options)
     if backend == "real":
-        from orsd.envs.webshop_real import WebShopRealEnv
+        from orsd.envs.webshop.real import WebShopRealEnv
 
         return WebShopRealEnv(split=split, seed=seed, **options)
     raise ValueError(f"unknown webshop backend={backend!r}; expected 'generated' or 'real'")

@@ -39,7 +39,8 @@ def webshop_reward(score: float, n_invalid: int, n_no_progress: int, n_actions: 
     − 0.025·n_no_progress/max(T,1).
 
     `score` is WebShop's official episode score in [0, 1] (0 when nothing was bought) and T =
-    `n_actions` the attempted actions of the episode, invalid ones included.
+    `n_actions` the attempted actions of the episode, invalid ones included. Each count lies in
+    [0, T] independently (an action can be both invalid and no progress).
     """
     if isinstance(score, bool) or not isinstance(score, Real):
         raise TypeError(f"score must be a float in [0, 1], got {score!r}")
@@ -48,11 +49,10 @@ def webshop_reward(score: float, n_invalid: int, n_no_progress: int, n_actions: 
     n_invalid = _count("n_invalid", n_invalid)
     n_no_progress = _count("n_no_progress", n_no_progress)
     n_actions = _count("n_actions", n_actions)
-    if n_invalid + n_no_progress > n_actions:
-        raise ValueError(
-            f"n_invalid + n_no_progress must be <= n_actions (each action is at most one of them), "
-            f"got {n_invalid} + {n_no_progress} > {n_actions}"
-        )
+    # each count lies in [0, T] on its own: a repeated invalid action is both invalid and no progress
+    for name, count in (("n_invalid", n_invalid), ("n_no_progress", n_no_progress)):
+        if count > n_actions:
+            raise ValueError(f"{name} must be <= n_actions (the attempted actions), got {count} > {n_actions}")
     horizon = max(n_actions, 1)
     return (
         WEBSHOP_SCORE_WEIGHT * float(score)

@@ -2,7 +2,8 @@
 
 Eq. 5: s_i^m = mean of trajectory i's finite criterion scores under bundle m (NaN if none).
 Eq. 6: ρ_m = Spearman(s^m, r) with average ranks for ties (scipy).
-Eq. 7: m* = argmax over finite ρ_m, the lowest index winning ties; no finite ρ → no bundle.
+Eq. 7: m* = argmax over finite ρ_m, the lowest index winning ties (within a relative 1e-9); no
+finite ρ → no bundle.
 ρ is NaN when fewer than 2 (s_i, r_i) pairs are finite or either side has fewer than two distinct
 values — decided before scipy is called, so no ConstantInputWarning ever escapes.
 """
@@ -128,12 +129,18 @@ def select(method: str, scores: Sequence[np.ndarray] | None, rewards: np.ndarray
     raise ValueError(f"method={method!r}: expected one of {METHODS}")
 
 
+#: ρ values this close (relative) count as a tie: Spearman's float arithmetic differs by an ulp
+#: between bundles that rank the rewards identically, and such a tie must go to the lowest index
+TIE_RELATIVE = 1e-9
+
+
 def _argmax_finite(rho: Sequence[float]) -> int | None:
-    best, best_value = None, -math.inf
-    for m, value in enumerate(rho):
-        if math.isfinite(value) and value > best_value:  # strict: the lowest index wins ties
-            best, best_value = m, value
-    return best
+    finite = [value for value in rho if math.isfinite(value)]
+    if not finite:
+        return None
+    best = max(finite)
+    tolerance = TIE_RELATIVE * max(1.0, abs(best))
+    return next(m for m, value in enumerate(rho) if math.isfinite(value) and value >= best - tolerance)
 
 
 def _record(scores: Sequence[np.ndarray] | None, rewards: np.ndarray | None, num_bundles: int) -> Alignment:

@@ -1,15 +1,18 @@
-"""The rubric stages of a step: the policy writes M bundles per group, the verifier scores them,
-alignment keeps B* (paper §3.2, Eq. 5–7), and B* becomes token ids to splice into contexts."""
+"""The rubric stages of a step, each returning its result: the policy writes M bundles per group
+(§3.1), the verifier scores every criterion on every trajectory, selection keeps B* (Eq. 5–7),
+and B* becomes the token ids spliced into contexts for paired replay (Eq. 8)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 
 from orsd import rubric
+from orsd.engines.hf import RolloutEngine, Sampling
+from orsd.methods import Candidates
 
-from .engines import RolloutEngine, Sampling
 from .records import Group
 from .rollout import render
 
@@ -20,56 +23,62 @@ def transcripts(group: Group, chars: int) -> list[str]:
     return [rubric.format_transcript(t.observations, t.actions, max_chars=chars) for t in group.trajectories]
 
 
-def generate_bundles(engine: RolloutEngine, tokenizer, groups: list[Group], num_bundles: int,
-                     sampling: Sampling, transcript_chars: int, template: str | None = None) -> None:
+def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num_bundles: int,
+                  sampling: Sampling, transcript_chars: int, template: str | None = None) -> list[Candidates]:
     """M candidate bundles per group from one prompt (task + all N transcripts), sampled together."""
     if not groups:
-        return
+        return []
     prompts = [render(tokenizer, rubric.generation_messages(g.task.description, transcripts(g, transcript_chars),
                                                             template=template))
                for g in groups]
     request_keys = [f"{g.key}:bundle:{m}" for g in groups for m in range(num_bundles)]
     generations = engine.generate([p for p in prompts for _ in range(num_bundles)], sampling, request_keys)
-    for i, group in enumerate(groups):
+    out = []
+    for i in range(len(groups)):
+        candidates = Candidates()
         for gen in generations[i * num_bundles:(i + 1) * num_bundles]:
             text = tokenizer.decode(gen.ids, skip_special_tokens=True)
             bundle, reason = rubric.RubricBundle.parse_with_reason(text, source="policy")
-            group.bundle_texts.append(text)
+            candidates.texts.append(text)
             if bundle is None:
-                group.bundle_errors.append(reason)
+                candidates.errors.append(reason)
             else:
-                group.bundles.append(bundle)
+                candidates.bundles.append(bundle)
+        out.append(candidates)
+    return out
 
 
-def verify(verifier, groups: list[Group], transcript_chars: int) -> None:
-    """Score every criterion of every bundle on every trajectory, all groups concurrently; each
-    failure (trajectory, criterion, reason) is kept with its group."""
+def verify(verifier, groups: Sequence[Group], candidates: Sequence[Candidates],
+           transcript_chars: int) -> list[list[rubric.VerifierResult] | None]:
+    """Per group, one VerifierResult per bundle (scores [N, K], NaN = unscored, and the events
+    that explain each NaN); None for a group without bundles. All groups are scored concurrently."""
+    todo = [i for i, c in enumerate(candidates) if c.bundles]
 
     async def run():
         return await asyncio.gather(*[
-            verifier.ascore_many_with_events(g.task.description, transcripts(g, transcript_chars), g.bundles)
-            for g in groups])
+            verifier.ascore_many_with_events(groups[i].task.description, transcripts(groups[i], transcript_chars),
+                                             candidates[i].bundles)
+            for i in todo])
 
-    for group, results in zip(groups, asyncio.run(run()) if groups else []):
-        group.scores = [r.scores for r in results]
-        group.verifier_events = [_event_dict(e) for r in results for e in r.events]
-
-
-def _event_dict(event) -> dict:
-    return event.to_dict() if hasattr(event, "to_dict") else dict(vars(event))
+    out: list = [None] * len(groups)
+    for i, results in zip(todo, asyncio.run(run()) if todo else []):
+        out[i] = results
+    return out
 
 
-def align(groups: list[Group], method: str, rng: np.random.Generator) -> None:
-    """Pick B* per group: Spearman argmax (Eq. 5–7), or the ablations' random / single choice."""
-    for group in groups:
-        if not group.bundles:
-            group.selected, group.reason = None, "no candidate bundle parsed"
+def select(groups: Sequence[Group], candidates: Sequence[Candidates], scores: Sequence, method: str,
+           rng: np.random.Generator) -> list[rubric.Alignment]:
+    """B* per group: Spearman argmax (Eq. 5–7), or the ablations' random / single choice."""
+    out = []
+    for group, cands, results in zip(groups, candidates, scores):
+        if not cands.bundles:
+            out.append(rubric.Alignment(rho=[], index=None, reason=cands.reason or "no candidate bundle parsed",
+                                        method=method))
             continue
-        result = rubric.select(method, group.scores if method == "spearman" else None,
-                               np.asarray(group.rewards, dtype=float), rng=rng, num_bundles=len(group.bundles))
-        group.rho = list(result.rho)
-        group.satisfaction = [list(map(float, s)) for s in result.satisfaction]
-        group.selected, group.reason = result.index, result.reason
+        matrices = [r.scores for r in results] if results is not None else None
+        out.append(rubric.select(method, matrices, np.asarray(group.rewards, dtype=float), rng=rng,
+                                 num_bundles=len(cands.bundles)))
+    return out
 
 
 def rubric_ids(tokenizer, text: str, role: str) -> list[int] | None:

@@ -1,7 +1,8 @@
 """Checkpoints that make a killed run resumable with the same results as an unbroken one.
 
 checkpoints/step_<k>/ holds an HF-loadable policy (model + tokenizer) and `trainer_state.pt`:
-optimizer, scheduler, task-sampler position, step, RNG states and the offline-rubric bundles.
+optimizer, scheduler, task-sampler position, step, RNG states and the method's state (the
+offline rubric's bundles).
 Each is written into `step_<k>.tmp` and renamed into place, so a directory named `step_<k>`
 is always complete; only the last `keep` are kept. The frozen reference (the policy as RL began)
 is saved once as checkpoints/reference/ when it differs from `model.path` (after a warm start).
@@ -76,7 +77,7 @@ def trainer_state(trainer) -> dict:
         "scheduler": trainer.scheduler.state_dict() if plain and trainer.scheduler is not None else None,
         "engine": trainer.engine.state_dict() if hasattr(trainer.engine, "state_dict") else None,
         "task_rng": trainer.task_rng.getstate(),
-        "offline_bundles": {k: (v.to_dict() if v is not None else None) for k, v in trainer.offline_bundles.items()},
+        "method": trainer.method.state_dict(),  # e.g. the offline rubric's bundle per task
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }
@@ -85,8 +86,6 @@ def trainer_state(trainer) -> dict:
 def restore(trainer, path: Path) -> None:
     """Load optimizer, scheduler, sampler position and step from `path` (the policy weights were
     loaded from the same directory when the trainer was built)."""
-    from orsd.rubric import RubricBundle
-
     state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
     trainer.step_index = state["step"]
     if trainer.ds_engine is not None:
@@ -99,8 +98,7 @@ def restore(trainer, path: Path) -> None:
     if state["scheduler"] is not None and trainer.scheduler is not None:
         trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.task_rng.setstate(state["task_rng"])
-    trainer.offline_bundles = {k: (RubricBundle.from_dict(v) if v is not None else None)
-                               for k, v in state["offline_bundles"].items()}
+    trainer.method.load_state_dict(state.get("method") or {})
     rng = state["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])

@@ -18,7 +18,7 @@ def parse_args(argv: list[str] | None):
         prog="orsd-train",
         description="Train an LLM agent with GRPO + Online Rubric Self-Distillation (arXiv 2611.06543). "
                     "With no arguments: the embedded CPU default (SmolLM2-135M on the offline shop).",
-        epilog="overrides: section.key=value (YAML values), e.g. rubric.num_bundles=2 rubric.mode=grpo. "
+        epilog="overrides: section.key=value (YAML values), e.g. rubric.num_bundles=2 method.name=grpo. "
                "All keys: orsd-train --help-config, or docs/config.md.")
     parser.add_argument("--config", help="YAML config (a preset from configs/, or your own)")
     parser.add_argument("--run-dir", help="run directory (default runs/<train.run_name>)")
@@ -49,109 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def build(config, run_dir=None, resume_from=None, log=print):
-    """Policy, tokenizer, env, (warm start), frozen reference, verifier and trainer from a config.
-
-    On resume the policy comes from the checkpoint and the reference from checkpoints/reference
-    (saved when a warm start made it differ from `model.path`); the warm start is not redone.
-    """
-    from orsd.train import distributed
-    from orsd.train.model import frozen_copy, load_policy, load_tokenizer
-    from orsd.train.trainer import Trainer, make_env
-    from orsd.train.verifiers import build_verifier
-
-    import torch
-
-    torch.manual_seed(config.train.seed)
-    dist = distributed.setup(config)
-    m = config.model
-    device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
-    tokenizer = load_tokenizer(m.path)
-    policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
-    env = make_env(config)
-    warm_losses = []
-    reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
-    if resume_from is not None:
-        source = reference_dir if reference_dir and reference_dir.exists() else m.path
-        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed))
-    else:
-        if config.warm_start.enabled:
-            warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
-            if reference_dir is not None and (dist is None or dist.is_main):
-                policy.save_pretrained(reference_dir)
-                tokenizer.save_pretrained(reference_dir)
-        reference = frozen_copy(policy)  # π_ref: the policy as RL starts (after any warm start)
-    if m.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    verifier = build_verifier(config, reference, tokenizer) if config.rubric.mode == "orsd" else None
-    engine = build_engine(config, policy, tokenizer, run_dir, dist)
-    ds_engine = distributed.wrap(policy, config) if dist else None
-    trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
-                      ds_engine=ds_engine)
-    return trainer, warm_losses
-
-
-def build_engine(config, policy, tokenizer, run_dir, dist=None):
-    """`hf` generates with the live policy; `vllm` starts from a saved copy of the current policy
-    and is pushed the new weights after every update."""
-    from orsd.train.engines import HfEngine
-
-    r = config.rollout
-    if r.engine == "hf":
-        return HfEngine(policy, tokenizer, r.batch_size)
-    from orsd.train.engines_vllm import VllmEngine
-
-    start = Path(run_dir or ".") / "checkpoints" / "vllm_start"
-    if dist is None or dist.is_main:
-        policy.save_pretrained(start)
-        tokenizer.save_pretrained(start)
-    if dist is not None:
-        dist.barrier()
-    on_cpu = next(policy.parameters()).device.type == "cpu"
-    return VllmEngine(str(start), tokenizer, dtype=r.vllm_dtype, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                      max_model_len=r.max_context_tokens + r.max_new_tokens, seed=config.train.seed,
-                      sync_timeout_seconds=r.sync_timeout_seconds, enforce_eager=r.vllm_enforce_eager or on_cpu,
-                      bucket_mb=r.vllm_bucket_mb)
-
-
-def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
-    from tqdm.auto import tqdm
-
-    from orsd.envs.prompts import prompt_templates
-    from orsd.train.warmstart import collect_bundle_demos, collect_demos, warm_start
-
-    w, r = config.warm_start, config.rollout
-    start = time.perf_counter()
-    rng = random.Random(config.train.seed + 7)
-    demos = collect_demos(env, tokenizer, w.episodes, r.max_context_tokens - r.max_new_tokens, rng, w.noise,
-                          config.env.max_actions, config.env.max_history_turns,
-                          prompt_templates(config.env.name, config.env.prompt))
-    actions = len(demos)
-    if config.uses_rubrics and w.bundle_demos:
-        demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
-                                      rng, config.rubric.generation_template or None, config.env.max_actions)
-    steps = w.epochs * -(-len(demos) // w.batch_size)
-    show = config.train.progress and os.environ.get("RANK", "0") == "0"  # rank 0 only under a launcher
-    with tqdm(total=steps, desc="warm start", unit="step", disable=not show or not demos) as bar:
-        def progress(loss: float) -> None:
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            bar.update()
-
-        losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
-                            precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
-    log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
-        f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-        f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")
-    return losses
-
-
 def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> dict:
     """Train for `train.steps` steps (continuing from the last checkpoint when `resume`); returns the
     summary, also appended to summary.jsonl."""
+    from orsd.report.reporter import Reporter, write_report
+    from orsd.report.run_dir import RunDir
     from orsd.train import checkpoint
-    from orsd.train.report import Reporter, write_report
-    from orsd.train.run_dir import RunDir
-
+    from orsd.train.build import build
+    from orsd.train.config import to_dict
     from orsd.train.distributed import launch_env
 
     started = time.perf_counter()
@@ -162,8 +67,8 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     if resume_from is None and out.read("steps.jsonl"):
         raise SystemExit(f"orsd-train: {out.path} already holds a run; pass --resume to continue it "
                          f"or --run-dir for a new one")
-    out.write_config(config)
-    out.write_environment(config)
+    out.write_config(to_dict(config))
+    out.write_environment(config.train.seed)
     trainer, warm_losses = build(config, out.path, resume_from, log)
     if resume_from is not None:
         checkpoint.restore(trainer, resume_from)
@@ -212,8 +117,8 @@ def train_loop(config, trainer, out, reporter, log, started):
         result = trainer.step()
         record = dict(result.metrics, seconds=result.seconds)
         out.append("steps.jsonl", record)
-        for i, group in enumerate(result.groups):
-            out.append("groups.jsonl", dict(step=record["step"], group=i, **group.summary()))
+        for i, group in enumerate(result.records):
+            out.append("groups.jsonl", dict(step=record["step"], group=i, **group))
         reporter.log_step(record)
         steps.append(record)
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", bundle=f"{record['groups_with_bundle']:.2f}")
@@ -235,7 +140,7 @@ def summarize(config, steps: list[dict], setup_seconds: float, wall_seconds: flo
         for name, value in s["seconds"].items():
             stages[name] = stages.get(name, 0.0) + value / len(steps)
     return {
-        "mode": config.rubric.mode,
+        "method": config.method.name,
         "steps": len(steps),
         "wall_seconds": wall_seconds,
         "setup_seconds": setup_seconds,
@@ -258,7 +163,7 @@ def format_summary(s: dict) -> str:
         return "n/a" if v is None else format(v, fmt)
 
     lines = [
-        f"done: {s['steps']} {s['mode']} steps in {s['wall_seconds']:.0f} s (setup {s['setup_seconds']:.0f} s), "
+        f"done: {s['steps']} {s['method']} steps in {s['wall_seconds']:.0f} s (setup {s['setup_seconds']:.0f} s), "
         f"peak RSS {s['peak_rss_mb']:.0f} MB",
         f"reward: first {num(s['reward_first'])}, last {num(s['reward_last'])}, mean {num(s['reward_mean'])}; "
         f"success {num(s['success_rate_mean'])}",

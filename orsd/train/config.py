@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-MODES = ("orsd", "grpo", "offline_rubric", "single_bundle", "random_bundle")
+#: keys renamed by the method/house rework; old configs keep working for one release (with a warning)
+RENAMED = {"rubric.mode": "method.name", "verifier.mode": "verifier.granularity"}
 
 
 def doc(default: Any, help: str, **kw: Any) -> Any:
@@ -69,8 +70,13 @@ class RolloutConfig:
 
 
 @dataclass
+class MethodConfig:
+    name: str = doc("orsd", "what the step does (orsd.methods): orsd | grpo | offline_rubric | single_bundle "
+                    "| random_bundle; see docs/methods.md")
+
+
+@dataclass
 class RubricConfig:
-    mode: str = doc("orsd", "orsd | grpo | offline_rubric | single_bundle | random_bundle")
     num_bundles: int = doc(4, "candidate bundles M per group (single_bundle forces 1)")
     alpha: float = doc(0.01, "weight of the rubric-conditioned signal: A = A_GRPO + alpha * e * delta")
     temperature: float = doc(0.3, "sampling temperature of bundle generation (paper: 0.3)")
@@ -91,7 +97,8 @@ class VerifierConfig:
     model: str = doc("", "model name sent to the endpoint")
     api_key_env: str = doc("", "NAME of the environment variable holding the API key (never the key)")
     scoring: str = doc("json", "json (the verifier writes scores) | yes_prob (P(yes)/(P(yes)+P(no)))")
-    mode: str = doc("per_trajectory", "per_trajectory (one call per trajectory x bundle) | per_group")
+    granularity: str = doc("per_trajectory", "per_trajectory (one call per trajectory x bundle) | per_group "
+                           "(one call per bundle, all N transcripts at once)")
     concurrency: int = doc(8, "openai: requests in flight at most")
     max_retries: int = doc(4, "openai: retries per request (429/5xx/timeouts/connection errors)")
     timeout_seconds: float = doc(60.0, "openai: per-request timeout")
@@ -103,7 +110,6 @@ class VerifierConfig:
 class ReplayConfig:
     token_budget: int = doc(16384, "tokens (padded) per no-grad replay forward")
     fused: bool = doc(True, "log-probs from hidden states and the LM head without a T x V tensor")
-    check_rollout_gap: bool = doc(True, "log the gap between replayed and rollout log-probs")
 
 
 @dataclass
@@ -119,8 +125,11 @@ class OptimConfig:
     kl_coef: float = doc(1e-3, "eta: weight of the k3 KL to the reference (paper: 1e-3)")
     norm_adv_by_std: bool = doc(True, "GRPO: divide by the group's sample std (False = Dr.GRPO)")
     adv_eps: float = doc(1e-6, "GRPO: epsilon added to the std")
-    micro_batch_tokens: int = doc(8192, "tokens (padded) per micro-batch of the update")
-    entropy_metric: bool = doc(True, "log the policy entropy on response tokens (metric only)")
+    micro_batch_tokens: int = doc(8192, "tokens (padded) per micro-batch of the update, when micro_batch_size is 0")
+    micro_batch_size: int = doc(0, "turn records per micro-batch per rank, the paper's unit (Table 4: WebShop 1, "
+                                "ALFWorld 2); 0 = pack records up to micro_batch_tokens instead")
+    old_logprobs: str = doc("replay", "pi_old of the PPO ratio: replay (recomputed by the trainer before the "
+                            "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)")
 
 
 @dataclass
@@ -165,6 +174,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
+    method: MethodConfig = field(default_factory=MethodConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -179,13 +189,13 @@ class Config:
     def validate(self) -> "Config":
         """Cross-field checks that the types alone cannot express."""
         checks = [
-            ("rubric.mode", self.rubric.mode in MODES, f"one of {MODES}"),
+            ("method.name", self.method.name in method_names(), f"one of {method_names()}"),
             ("env.name", self.env.name in ("webshop", "alfworld"), "webshop | alfworld"),
             ("env.prompt", self.env.prompt in ("full", "compact"), "full | compact"),
             ("rollout.engine", self.rollout.engine in ("hf", "vllm"), "hf | vllm"),
             ("verifier.kind", self.verifier.kind in ("auto", "local", "openai"), "auto | local | openai"),
             ("verifier.scoring", self.verifier.scoring in ("json", "yes_prob"), "json | yes_prob"),
-            ("verifier.mode", self.verifier.mode in ("per_trajectory", "per_group"),
+            ("verifier.granularity", self.verifier.granularity in ("per_trajectory", "per_group"),
              "per_trajectory | per_group"),
             ("model.dtype", self.model.dtype in ("float32", "bfloat16", "float16"),
              "float32 | bfloat16 | float16"),
@@ -206,6 +216,8 @@ class Config:
              "0 (off) or a number > 1"),
             ("optim.betas", len(self.optim.betas) == 2, "a list of two numbers"),
             ("optim.micro_batch_tokens", self.optim.micro_batch_tokens >= 1, "an integer >= 1"),
+            ("optim.micro_batch_size", self.optim.micro_batch_size >= 0, "an integer >= 0 (0 = token budget)"),
+            ("optim.old_logprobs", self.optim.old_logprobs in ("replay", "rollout"), "replay | rollout"),
             ("replay.token_budget", self.replay.token_budget >= 1, "an integer >= 1"),
             ("train.steps", self.train.steps >= 0, "an integer >= 0"),
             ("distributed.zero_stage", self.distributed.zero_stage in (0, 1, 2, 3), "0, 1, 2 or 3"),
@@ -222,9 +234,6 @@ class Config:
                 raise ConfigError(f"{key}={_get(self, key)!r} is invalid: expected {expected}")
         return self
 
-    @property
-    def uses_rubrics(self) -> bool:
-        return self.rubric.mode != "grpo"
 
 
 class ConfigError(ValueError):
@@ -270,7 +279,30 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"{key}={value!r} has the wrong type: expected {getattr(annotation, '__name__', annotation)}")
 
 
+def method_names() -> tuple[str, ...]:
+    from orsd.methods import METHODS  # the registry owns the names; imported late (methods import config)
+
+    return tuple(METHODS)
+
+
+def _rename_legacy(data: dict) -> dict:
+    """Move keys listed in RENAMED to their new place, with a warning naming both."""
+    import warnings
+
+    for old, new in RENAMED.items():
+        section, key = old.split(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            value = data[section].pop(key)
+            warnings.warn(f"config key {old!r} is now {new!r}; the old name is read for one release",
+                          FutureWarning, stacklevel=3)
+            new_section, new_key = new.split(".")
+            data.setdefault(new_section, {})[new_key] = value
+    return data
+
+
 def _merge(obj: Any, data: dict, prefix: str = "") -> None:
+    if not prefix and isinstance(data, dict):
+        data = _rename_legacy(data)
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(type(obj))

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .optim import build_optimizer, warmup_schedule
+
 
 @dataclass
 class Dist:
@@ -108,9 +110,7 @@ def wrap(policy, config):
     import deepspeed
 
     o = config.optim
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=o.lr,
-                                  betas=tuple(o.betas), weight_decay=o.weight_decay)
-    from .trainer import warmup_schedule
+    optimizer = build_optimizer(policy.parameters(), o)
 
     engine, optimizer, _, _ = deepspeed.initialize(
         model=policy, optimizer=optimizer, config=deepspeed_config(config),
@@ -137,51 +137,3 @@ def gathered(*params):
 
         return deepspeed.zero.GatheredParameters(list(params), modifier_rank=None)
     return contextlib.nullcontext()
-
-
-SUMMED = {"env_errors", "bundles_parsed", "bundles_discarded", "response_tokens", "update_tokens", "micro_batches"}
-TOKEN_WEIGHTED = {"advantage_abs_mean", "delta_mean", "delta_abs_mean", "valid_token_fraction", "entropy",
-                  "pg_loss", "kl", "clip_fraction", "ratio", "replay_rollout_gap"}
-SAME_ON_ALL = {"step", "grad_norm", "lr"}
-
-
-def combine_metrics(per_rank: list[dict]) -> dict:
-    """One step's metrics over all ranks: counts summed, per-token statistics weighted by each
-    rank's response tokens, per-episode and per-group rates averaged (every rank has the same
-    number of groups and episodes), the verifier's counters summed."""
-    out = {}
-    weights = [m.get("response_tokens", 0) or 0 for m in per_rank]
-    for key in per_rank[0]:
-        values = [m.get(key) for m in per_rank]
-        present = [(v, w) for v, w in zip(values, weights) if v is not None]
-        if key in SAME_ON_ALL or not present:
-            out[key] = values[0]
-        elif key == "verifier":
-            out[key] = _combine_counters([v for v, _ in present])
-        elif key in SUMMED:
-            out[key] = sum(v for v, _ in present)
-        elif key in TOKEN_WEIGHTED:
-            total = sum(w for _, w in present)
-            out[key] = sum(v * w for v, w in present) / total if total else 0.0
-        else:
-            out[key] = sum(v for v, _ in present) / len(present)
-    return out
-
-
-def _combine_counters(dicts: list[dict]) -> dict:
-    """Verifier accounting of all ranks: counts summed (nested reason counts too); latency
-    percentiles are the worst rank's (percentiles cannot be merged exactly)."""
-    out: dict = {}
-    for key in dicts[0]:
-        values = [d.get(key) for d in dicts]
-        if isinstance(values[0], dict):
-            out[key] = {}
-            for d in values:
-                for reason, count in (d or {}).items():
-                    out[key][reason] = out[key].get(reason, 0) + count
-        elif "latency" in key:
-            finite = [v for v in values if v is not None]
-            out[key] = max(finite) if finite else None
-        else:
-            out[key] = sum(v or 0 for v in values)
-    return out

@@ -18,7 +18,7 @@ import torch
 from orsd import envs
 from orsd.envs.prompts import prompt_templates
 
-from .engines import HfEngine, Sampling
+from orsd.engines.hf import HfEngine, Sampling
 from .model import autocast
 from .records import Group
 from .rollout import rollout
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     """`orsd-eval CHECKPOINT [--config FILE] [--split S] [--tasks K] [--samples N] [--run-dir DIR]`."""
     from .config import ConfigError, load_config
     from .model import load_policy, load_tokenizer
-    from .run_dir import RunDir
+    from orsd.report.run_dir import RunDir
 
     parser = argparse.ArgumentParser(prog="orsd-eval", description="Evaluate a policy checkpoint on held-out tasks.")
     parser.add_argument("checkpoint", help="an HF model directory (e.g. runs/<name>/checkpoints/final)")

@@ -9,6 +9,7 @@ import torch
 
 from orsd import ops
 
+from .metrics import tagged
 from .replay import Packed, batch_positions, budget_batches, dummy_forward, train_logprobs
 
 
@@ -44,12 +45,18 @@ def per_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logpr
     return LossTerms(pg + kl_coef * kl, pg, kl, clipped, ratio)
 
 
-def microbatches(packed: Packed, micro_batch_tokens: int) -> list[list[int]]:
+def microbatches(packed: Packed, micro_batch_tokens: int, micro_batch_size: int = 0) -> list[list[int]]:
+    """Record indices per micro-batch: `micro_batch_size` records in order (the paper's unit, Table 4),
+    or, when it is 0, records sorted by length and packed up to `micro_batch_tokens` padded tokens."""
+    if micro_batch_size:
+        count = packed.num_sequences
+        return [list(range(start, min(start + micro_batch_size, count))) for start in range(0, count, micro_batch_size)]
     return budget_batches(packed.lengths, micro_batch_tokens)
 
 
 def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-           advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, clip_eps: float,
+           advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, micro_batch_size: int = 0,
+           clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
            lockstep=None, backward=None, step=None, scheduler=None, precision: str = "") -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
@@ -61,7 +68,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
     this is the accumulation boundary) and optimizer.step().
     """
-    batches = microbatches(packed, micro_batch_tokens)
+    batches = microbatches(packed, micro_batch_tokens, micro_batch_size)
     num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
     mb_of_seq = torch.empty(packed.num_sequences, dtype=torch.long)
     for m, batch in enumerate(batches):
@@ -105,7 +112,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    metrics = {k: (v if k == "loss" else v / max(tokens, 1)) for k, v in sums.items()}
-    metrics.update(grad_norm=grad_norm, micro_batches=len(batches), update_tokens=tokens)
-    metrics["lr"] = lr
-    return metrics
+    per_token = {k: v / max(tokens, 1) for k, v in sums.items() if k != "loss"}
+    # the loss is this rank's share of Eq. 14; DeepSpeed averages gradients over ranks, so do we
+    return {**tagged("mean", loss=sums["loss"]), **tagged("sum", micro_batches=len(batches), update_tokens=tokens),
+            **tagged("tokens", **per_token),
+            **tagged("same", grad_norm=grad_norm, lr=lr)}

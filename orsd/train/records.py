@@ -47,28 +47,17 @@ class Trajectory:
     score: float = 0.0
     num_invalid: int = 0
     num_no_progress: int = 0
-    advantage: float = 0.0  # A_GRPO of the whole trajectory (Eq. 8), broadcast to its turns
     error: str = ""  # an env failure that ended the episode early (recorded, never raised)
 
 
 @dataclass
 class Group:
-    """The N trajectories of one task, and the rubric machinery's results for them."""
+    """The N trajectories of one task, as the rollout made them (rewards filled in). The later
+    stages return their results separately; `group_record` joins them for groups.jsonl."""
 
     task: Task
     trajectories: list[Trajectory]
     key: str = ""  # stable name of the group (step, global index) for per-request seeding
-    bundles: list[Any] = field(default_factory=list)  # RubricBundle per candidate that parsed
-    bundle_texts: list[str] = field(default_factory=list)  # every raw generation, parsed or not
-    bundle_errors: list[str] = field(default_factory=list)  # why a generation was discarded
-    scores: list[Any] = field(default_factory=list)  # per bundle an [N, K] array (NaN = unscored)
-    rho: list[float] = field(default_factory=list)
-    selected: int | None = None  # index into `bundles` of B*, None = no rubric for this group
-    reason: str = ""  # why `selected` is what it is
-    satisfaction: list[list[float]] = field(default_factory=list)  # per bundle, s_i (Eq. 5)
-    verifier_events: list[dict] = field(default_factory=list)
-    #: per-token Δ of one trajectory's responses (for the report's heat-map), when B* exists
-    delta_example: dict | None = None
 
     @property
     def rewards(self) -> list[float]:
@@ -78,33 +67,36 @@ class Group:
     def rewards_differ(self) -> bool:
         return len(set(self.rewards)) > 1
 
-    @property
-    def selected_bundle(self):
-        return None if self.selected is None else self.bundles[self.selected]
 
-    def summary(self) -> dict:
-        """A JSON-ready view for groups.jsonl (NaN written as null)."""
+def _clean(x: Any) -> Any:
+    """NaN → None (JSON has no NaN)."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
-        def clean(x: float) -> float | None:
-            return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
-        return {
-            "task": {"id": self.task.id, "split": self.task.split, "kind": self.task.kind,
-                     "description": self.task.description},
-            "rewards": self.rewards,
-            "advantages": [t.advantage for t in self.trajectories],
-            "transcripts": [{"observations": t.observations, "actions": t.actions,
-                             "responses": [r.response_text for r in t.records],
-                             "won": t.won, "score": t.score, "error": t.error}
-                            for t in self.trajectories],
-            "bundle_texts": self.bundle_texts,
-            "bundle_errors": self.bundle_errors,
-            "bundles": [list(b.criteria) for b in self.bundles],
-            "scores": [[[clean(float(v)) for v in row] for row in s] for s in self.scores],
-            "rho": [clean(r) for r in self.rho],
-            "satisfaction": [[clean(float(v)) for v in s] for s in self.satisfaction],
-            "selected": self.selected,
-            "reason": self.reason,
-            "verifier_events": self.verifier_events,
-            "delta_example": self.delta_example,
-        }
+def group_record(group: Group, advantages: list[float], candidates=None, scores=None, selection=None,
+                 delta_example: dict | None = None) -> dict:
+    """One line of groups.jsonl: the task, transcripts, rewards and advantages (Eq. 2), the bundles
+    written, their score matrices, ρ and satisfaction (Eq. 5–6), the choice of B* (Eq. 7) and why,
+    the verifier's events, and one trajectory's per-token Δ (Eq. 8) when B* exists."""
+    bundles = candidates.bundles if candidates is not None else []
+    return {
+        "task": {"id": group.task.id, "split": group.task.split, "kind": group.task.kind,
+                 "description": group.task.description},
+        "rewards": group.rewards,
+        "advantages": advantages,
+        "transcripts": [{"observations": t.observations, "actions": t.actions,
+                         "responses": [r.response_text for r in t.records],
+                         "won": t.won, "score": t.score, "error": t.error}
+                        for t in group.trajectories],
+        "bundle_texts": candidates.texts if candidates is not None else [],
+        "bundle_errors": candidates.errors if candidates is not None else [],
+        "bundles": [list(b.criteria) for b in bundles],
+        "scores": [[[_clean(float(v)) for v in row] for row in r.scores] for r in scores or []],
+        "rho": [_clean(r) for r in selection.rho] if selection is not None else [],
+        "satisfaction": [[_clean(float(v)) for v in s] for s in selection.satisfaction] if selection is not None else [],
+        "selected": selection.index if selection is not None else None,
+        "reason": (selection.reason if selection is not None else (candidates.reason if candidates else "")),
+        "verifier_events": [e.to_dict() if hasattr(e, "to_dict") else dict(vars(e))
+                            for r in scores or [] for e in r.events],
+        "delta_example": delta_example,
+    }

@@ -194,11 +194,12 @@ def _chunk_logprobs(model, head, hidden, targets, temperature):
 @dataclass
 class ReplayResult:
     packed: Packed
-    old_logprobs: torch.Tensor  # [L] plain-context replay: π_old of the ratio
-    advantages: torch.Tensor  # [L] A_GRPO + α·e·Δ on response positions (Eq. 10)
-    delta: torch.Tensor  # [L] Δ = lp_with − lp_without where valid, else 0 (Eq. 9)
+    old_logprobs: torch.Tensor  # [L] plain-context replay (π_old of the ratio by default)
+    advantages: torch.Tensor  # [L] A_GRPO + α·e·Δ on response positions (Eq. 9)
+    delta: torch.Tensor  # [L] Δ = lp_with − lp_without where valid, else 0 (Eq. 8)
     valid: torch.Tensor  # [L] e: response token of an eligible record with a finite Δ
     rollout_gap: float  # mean |replayed − rollout| log-prob over response tokens
+    rollout_logprobs: torch.Tensor  # [L] the sampler's log-probs (π_old with optim.old_logprobs=rollout)
 
 
 def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
@@ -245,4 +246,4 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
                                                  dtype=torch.float32)
     scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
     gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
-    return ReplayResult(packed, old, advantages, delta, valid, gap)
+    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout)

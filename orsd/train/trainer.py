@@ -1,9 +1,10 @@
-"""The ORSD training step, top to bottom as the paper's Algorithm 1.
+"""The training step, top to bottom as the paper's Algorithm 1; every stage returns its result.
 
-sample tasks → N rollouts per task → rewards (Eq. 12/13) → GRPO advantages (Eq. 8) → M bundles
-by the current policy → verifier → alignment (Eq. 5–7) → paired replay (Δ, Eq. 9–10) → PPO-clip
-update with k3 KL, token-mean per micro-batch (Eq. 11, 14) → records. GRPO and the ablations are
-the same step with switches (`rubric.mode`).
+tasks → N rollouts per task with rewards (Eq. 12/13) → GRPO advantages (Eq. 2) → M bundles by the
+current policy → verifier scores → selection of B* (Eq. 5–7) → paired replay: Δ (Eq. 8) and the
+shaped advantage (Eq. 9) → reference log-probs → PPO-clip + k3 KL update (Eq. 11), token-mean per
+micro-batch (Eq. 14) → records. What differs between GRPO, ORSD and the other methods is decided
+by one method object (orsd.methods), built once from the config.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from orsd import envs, ops, rubric
+from orsd import rubric
+from orsd.engines.hf import HfEngine, Sampling
 from orsd.envs.prompts import prompt_templates
+from orsd.methods import Advantages, make_method
 
-from . import bundles as rubric_stage
+from . import bundles as stages
 from .config import Config
-from .distributed import combine_metrics, deepspeed_backward, gathered
-from .engines import HfEngine, Sampling
+from .distributed import deepspeed_backward, gathered
 from .loss import update
+from .metrics import combine, tagged, values
 from .model import autocast
-from .records import Group
-from .replay import paired_replay, replay_logprobs
+from .optim import build_optimizer, warmup_schedule
+from .records import Group, group_record
+from .replay import ReplayResult, paired_replay, replay_logprobs
 from .rollout import rollout
 
 
@@ -39,18 +43,33 @@ def seed_everything(seed: int, step: int) -> None:
 
 
 @dataclass
+class StepOutputs:
+    """What each stage of one step returned (kept for tests, benchmarks and the records)."""
+
+    advantages: Advantages
+    candidates: list  # per group: Candidates (bundles written, raw texts, discards)
+    scores: list  # per group: a VerifierResult per bundle, or None (not scored)
+    selection: list  # per group: rubric.Alignment (ρ, satisfaction, index of B*, reason), or None
+    replay: ReplayResult
+
+
+@dataclass
 class StepResult:
     groups: list[Group]
+    records: list[dict]  # one groups.jsonl line per group (all ranks' under distribution)
     metrics: dict
     seconds: dict = field(default_factory=dict)
+    outputs: StepOutputs | None = None  # this rank's stage results
 
 
 class Trainer:
-    """Holds the policy, its frozen reference, the engines and the env; `step()` is Algorithm 1."""
+    """Holds the policy, its frozen reference, the engines, the env and the method; `step()` is
+    Algorithm 1."""
 
     def __init__(self, config: Config, policy, tokenizer, reference, verifier, env, engine=None,
                  optimizer=None, dist=None, ds_engine=None):
         self.config = config
+        self.method = make_method(config)
         self.dist, self.ds_engine = dist, ds_engine
         if ds_engine is not None:  # forwards go to the module; DeepSpeed owns backward and step
             policy, optimizer = ds_engine.module, ds_engine.optimizer
@@ -60,15 +79,12 @@ class Trainer:
         self.verifier = verifier
         self.env = env
         self.engine = engine or HfEngine(policy, tokenizer, config.rollout.batch_size)
-        self.optimizer = optimizer or torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad], lr=config.optim.lr,
-            betas=tuple(config.optim.betas), weight_decay=config.optim.weight_decay)
+        self.optimizer = optimizer or build_optimizer(policy.parameters(), config.optim)
         self.scheduler = (ds_engine.lr_scheduler if ds_engine is not None
                           else warmup_schedule(self.optimizer, config.optim.warmup_steps))
         self.world_size, self.rank = (dist.world_size, dist.rank) if dist else (1, 0)
         self.templates = prompt_templates(config.env.name, config.env.prompt)
-        self.offline_bundles: dict[str, object] = {}  # offline_rubric: task id -> bundle, kept
-        self.initial_engine = None  # offline_rubric: generation with the frozen initial policy
+        self.initial_engine = None  # generation with the frozen initial policy (offline rubrics)
         self.task_rng = random.Random(config.train.seed)
         self.step_index = 0
         self.backward = self.optimizer_step = None
@@ -80,41 +96,41 @@ class Trainer:
         self.replay_lockstep = dist.max_int if dist and dist.zero_stage == 3 else None
 
     # -- Algorithm 1 -----------------------------------------------------------------------------
-    def step(self) -> StepResult:
-        cfg, seconds = self.config, {}
+    def step(self, groups: list[Group] | None = None) -> StepResult:
+        """One step; `groups` replaces the rollout (benchmarks compare methods on the same batch)."""
+        cfg, method, seconds = self.config, self.method, {}
         seed_everything(cfg.train.seed, self.step_index)
         stage = self.stage_timer(seconds)
-        with stage("rollout"):
-            tasks = self.sample_tasks()
-            groups = rollout(self.engine, self.tokenizer, self.env, tasks, cfg.rollout.group_size,
-                             self.rollout_sampling(), cfg.rollout.max_context_tokens, cfg.env.max_actions,
-                             cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
-                             self.templates)
-            # rewards (Eq. 12/13) are set per trajectory as its episode ends
-        with stage("advantages"):
-            self.grpo_advantages(groups)
-        if cfg.uses_rubrics:
-            with stage("bundles"):
-                candidates = self.generate_bundles(groups)
-            with stage("verifier"):
-                self.verify(candidates)
-            with stage("align"):
-                self.align(candidates)
-        with stage("replay"):
-            replay = self.paired_replay(groups)
+        with stage("rollout"):  # N trajectories per task, rewards by Eq. 12/13 as each episode ends
+            groups = self.rollout(self.sample_tasks()) if groups is None else groups
+        with stage("advantages"):  # Eq. 2 (a method may add per-turn terms)
+            advantages = method.advantages(groups)
+        with stage("bundles"):  # M bundles per group by the policy, never shown the rewards (§3.1)
+            candidates = method.write_bundles(groups, self.write_bundles)
+        with stage("verifier"):  # every criterion on every trajectory, in [0, 1]
+            scores = (stages.verify(self.verifier, groups, candidates, cfg.rubric.transcript_chars)
+                      if method.calls_verifier else [None] * len(groups))
+        with stage("align"):  # Eq. 5–7: B* by Spearman ρ (or an ablation's choice)
+            selection = (stages.select(groups, candidates, scores, method.selection, self.selection_rng())
+                         if method.writes_bundles else [None] * len(groups))
+        with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without, A = A_GRPO + α·e·Δ
+            replay = self.paired_replay(groups, advantages, [
+                method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)])
         with stage("reference"):
             reference = self.reference_logprobs(replay)
-        with timed(seconds, "update"):  # autocasts its forwards only, never backward or step
+        with timed(seconds, "update"):  # Eq. 11 reduced by Eq. 14; autocasts forwards only
             update_metrics = self.update(replay, reference)
         with timed(seconds, "sync"):
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
-        metrics = self.metrics(groups, replay, update_metrics)
-        if self.dist is not None:  # every rank's groups and metrics, for rank 0's records
-            per_rank = self.dist.gather((groups, metrics))
-            groups = [g for rank_groups, _ in per_rank for g in rank_groups]
-            metrics = combine_metrics([m for _, m in per_rank])
-        return StepResult(groups, metrics, seconds)
+        outputs = StepOutputs(advantages, candidates, scores, selection, replay)
+        records = self.group_records(groups, outputs)
+        metrics = {**self.step_metrics(groups, outputs), **update_metrics}
+        if self.dist is None:
+            return StepResult(groups, records, values(metrics), seconds, outputs)
+        per_rank = self.dist.gather((records, metrics))  # rank 0 writes every rank's records
+        return StepResult(groups, [r for rank_records, _ in per_rank for r in rank_records],
+                          combine([m for _, m in per_rank]), seconds, outputs)
 
     # -- stages ----------------------------------------------------------------------------------
     def stage_timer(self, seconds: dict):
@@ -138,99 +154,48 @@ class Trainer:
     def group_offset(self) -> int:
         return self.rank * (self.config.rollout.tasks_per_step // self.world_size)
 
-    def rollout_sampling(self) -> Sampling:
-        r = self.config.rollout
-        return Sampling(r.temperature, r.top_p, r.max_new_tokens)
+    def rollout(self, tasks: list) -> list[Group]:
+        cfg, r = self.config, self.config.rollout
+        return rollout(self.engine, self.tokenizer, self.env, tasks, r.group_size,
+                       Sampling(r.temperature, r.top_p, r.max_new_tokens), r.max_context_tokens,
+                       cfg.env.max_actions, cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
+                       self.templates)
 
-    def grpo_advantages(self, groups: list[Group]) -> None:
-        """Eq. 8: (r − mean) / (std + ε) within each group, one value per trajectory."""
-        rewards = torch.tensor([t.reward for g in groups for t in g.trajectories], dtype=torch.float32)
-        group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
-        advantages = ops.grpo_advantages(rewards, group_ids, self.config.optim.adv_eps,
-                                         self.config.optim.norm_adv_by_std).tolist()
-        for trajectory, advantage in zip((t for g in groups for t in g.trajectories), advantages):
-            trajectory.advantage = advantage
-
-    def generate_bundles(self, groups: list[Group]) -> list[Group]:
-        """M bundles per group by the current policy (never shown rewards). Returns the groups that
-        go on to selection; in `orsd` mode a group whose rewards are all equal is skipped, since no
-        bundle can correlate with constant rewards (ρ undefined) — it saves generation and verifier
-        calls without changing any result."""
-        r, mode = self.config.rubric, self.config.rubric.mode
+    def write_bundles(self, groups: list[Group], count: int, writer: str) -> list:
+        """`count` bundles per group, by the current policy or (writer="initial") the frozen initial one."""
+        r = self.config.rubric
+        if writer == "initial" and self.initial_engine is None:
+            self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size)
+        engine = self.initial_engine if writer == "initial" else self.engine
         sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size)
-        template = r.generation_template or None
-        if mode == "offline_rubric":
-            fresh = [g for g in groups if g.task.id not in self.offline_bundles]
-            if self.initial_engine is None:  # the initial policy writes offline bundles
-                self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size)
-            unique = list({g.task.id: g for g in fresh}.values())
-            rubric_stage.generate_bundles(self.initial_engine, self.tokenizer, unique, 1, sampling,
-                                          r.transcript_chars, template)
-            for g in unique:
-                self.offline_bundles[g.task.id] = g.bundles[0] if g.bundles else None
-            for g in groups:
-                kept = self.offline_bundles[g.task.id]
-                g.bundles = [kept] if kept is not None else []
-            return groups
-        if mode == "orsd":
-            for g in groups:
-                if not g.rewards_differ:
-                    g.reason = "rewards equal within the group: no ρ defined, bundles not generated"
-            groups = [g for g in groups if g.rewards_differ]
-        count = 1 if mode == "single_bundle" else r.num_bundles
-        rubric_stage.generate_bundles(self.engine, self.tokenizer, groups, count, sampling,
-                                      r.transcript_chars, template)
-        return groups
+        return stages.write_bundles(engine, self.tokenizer, groups, count, sampling, r.transcript_chars,
+                                    r.generation_template or None)
 
-    def verify(self, groups: list[Group]) -> None:
-        """Only Spearman selection needs scores; the ablations make no verifier calls."""
-        if self.config.rubric.mode == "orsd":
-            rubric_stage.verify(self.verifier, [g for g in groups if g.bundles], self.config.rubric.transcript_chars)
+    def selection_rng(self) -> np.random.Generator:
+        return np.random.default_rng((self.config.train.seed, self.step_index))
 
-    def align(self, groups: list[Group]) -> None:
-        method = {"orsd": "spearman", "random_bundle": "random"}.get(self.config.rubric.mode, "single")
-        rubric_stage.align(groups, method, np.random.default_rng((self.config.train.seed, self.step_index)))
-
-    def paired_replay(self, groups: list[Group]):
+    def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list) -> ReplayResult:
+        """Per record: its turn advantage and the ids of its group's rubric message (None where the
+        group has none or it does not fit the context budget: e = 0 there)."""
         cfg = self.config
-        records, advantages, rubrics = [], [], []
-        template = cfg.rubric.context_template or None
-        for group in groups:
-            bundle = group.selected_bundle if cfg.uses_rubrics else None
+        records, record_advantages, record_rubrics = [], [], []
+        for group, bundle, group_advantages in zip(groups, rubrics, advantages.turn):
             ids = None
             if bundle is not None:
-                text = rubric.rubric_context(bundle, template=template)
-                ids = rubric_stage.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
-            for trajectory in group.trajectories:
-                for record in trajectory.records:
-                    records.append(record)
-                    advantages.append(trajectory.advantage)
+                text = rubric.rubric_context(bundle, template=cfg.rubric.context_template or None)
+                ids = stages.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
+            for trajectory, turn_advantages in zip(group.trajectories, group_advantages):
+                for record, advantage in zip(trajectory.records, turn_advantages):
                     fits = (ids is not None and record.rubric_slot >= 0
                             and record.num_tokens + len(ids) <= cfg.rollout.max_context_tokens)
-                    rubrics.append(ids if fits else None)  # e = 0 where splicing is impossible
-        replay = paired_replay(self.policy, records, advantages, rubrics,
-                               cfg.rubric.alpha if cfg.uses_rubrics else 0.0, cfg.rollout.temperature,
-                               cfg.replay.token_budget, cfg.replay.fused, self.replay_lockstep)
-        self.keep_delta_examples(groups, replay)
-        return replay
+                    records.append(record)
+                    record_advantages.append(advantage)
+                    record_rubrics.append(ids if fits else None)
+        return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
+                             cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
+                             self.replay_lockstep)
 
-    def keep_delta_examples(self, groups: list[Group], replay) -> None:
-        """Per-token Δ of the first trajectory of each group with B*, for records and the report."""
-        cu, index = replay.packed.cu_seqlens.tolist(), 0
-        for group in groups:
-            for number, trajectory in enumerate(group.trajectories):
-                turns = []
-                for record in trajectory.records:
-                    start, end = cu[index] + len(record.context_ids), cu[index + 1]
-                    index += 1
-                    if number == 0 and group.selected is not None:
-                        turns.append({"tokens": [self.tokenizer.decode([i]) for i in record.response_ids],
-                                      "delta": replay.delta[start:end].tolist(),
-                                      "valid": replay.valid[start:end].tolist()})
-                if turns:
-                    group.delta_example = {"trajectory": 0, "turns": turns}
-
-    def reference_logprobs(self, replay) -> torch.Tensor:
+    def reference_logprobs(self, replay: ReplayResult) -> torch.Tensor:
         if not self.config.optim.kl_coef:
             return replay.old_logprobs
         p = replay.packed
@@ -238,15 +203,16 @@ class Trainer:
                                self.config.rollout.temperature, self.config.replay.token_budget,
                                self.config.replay.fused)  # the reference is a plain full copy per rank
 
-    def update(self, replay, reference: torch.Tensor) -> dict:
+    def update(self, replay: ReplayResult, reference: torch.Tensor) -> dict:
         o, p = self.config.optim, replay.packed
         if p.num_sequences == 0 and self.dist is None:
             return {}
-        return update(self.policy, self.optimizer, p, replay.old_logprobs, reference, replay.advantages,
+        old = replay.old_logprobs if o.old_logprobs == "replay" else replay.rollout_logprobs
+        return update(self.policy, self.optimizer, p, old, reference, replay.advantages,
                       temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
-                      clip_eps=o.clip_eps, dual_clip=o.dual_clip, log_ratio_clamp=o.log_ratio_clamp,
-                      kl_coef=o.kl_coef, grad_clip=o.grad_clip, lockstep=self.lockstep,
-                      backward=self.backward, step=self.optimizer_step,
+                      micro_batch_size=o.micro_batch_size, clip_eps=o.clip_eps, dual_clip=o.dual_clip,
+                      log_ratio_clamp=o.log_ratio_clamp, kl_coef=o.kl_coef, grad_clip=o.grad_clip,
+                      lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
                       scheduler=None if self.ds_engine is not None else self.scheduler,
                       precision=self.config.model.autocast)
 
@@ -257,43 +223,60 @@ class Trainer:
                 self.policy.save_pretrained(path)
 
     # -- records -----------------------------------------------------------------------------------
-    def metrics(self, groups: list[Group], replay, update_metrics: dict) -> dict:
+    def group_records(self, groups: list[Group], out: StepOutputs) -> list[dict]:
+        examples = self.delta_examples(groups, out)
+        return [group_record(g, adv, c, s, sel, ex) for g, adv, c, s, sel, ex
+                in zip(groups, out.advantages.episode, out.candidates, out.scores, out.selection, examples)]
+
+    def delta_examples(self, groups: list[Group], out: StepOutputs) -> list[dict | None]:
+        """Per-token Δ of the first trajectory of each group with B*, for records and the report."""
+        cu, index, examples = out.replay.packed.cu_seqlens.tolist(), 0, []
+        for group, selection in zip(groups, out.selection):
+            turns = []
+            for number, trajectory in enumerate(group.trajectories):
+                for record in trajectory.records:
+                    start, end = cu[index] + len(record.context_ids), cu[index + 1]
+                    index += 1
+                    if number == 0 and selection is not None and selection.index is not None:
+                        turns.append({"tokens": [self.tokenizer.decode([i]) for i in record.response_ids],
+                                      "delta": out.replay.delta[start:end].tolist(),
+                                      "valid": out.replay.valid[start:end].tolist()})
+            examples.append({"trajectory": 0, "turns": turns} if turns else None)
+        return examples
+
+    def step_metrics(self, groups: list[Group], out: StepOutputs) -> dict:
         trajectories = [t for g in groups for t in g.trajectories]
-        response = replay.packed.response_mask
-        valid = replay.valid
+        replay = out.replay
+        response, valid = replay.packed.response_mask, replay.valid
         delta = replay.delta[valid]
-        selected = [g for g in groups if g.selected is not None]
-        chosen_rho = [g.rho[g.selected] for g in selected if g.rho]
-        out = {
-            "step": self.step_index,
-            "reward_mean": float(np.mean([t.reward for t in trajectories])) if trajectories else 0.0,
-            "success_rate": float(np.mean([t.won for t in trajectories])) if trajectories else 0.0,
-            "score_mean": float(np.mean([t.score for t in trajectories])) if trajectories else 0.0,
-            "turns_mean": float(np.mean([len(t.records) for t in trajectories])) if trajectories else 0.0,
-            "valid_action_rate": _mean([r.valid_action for t in trajectories for r in t.records]),
-            "env_errors": sum(bool(t.error) for t in trajectories),
-            "groups_rewards_differ": _mean([g.rewards_differ for g in groups]),
-            "groups_with_bundle": _mean([g.selected is not None for g in groups]),
-            "bundles_parsed": sum(len(g.bundles) for g in groups),
-            "bundles_discarded": sum(len(g.bundle_errors) for g in groups),
-            "rho_selected_mean": float(np.mean(chosen_rho)) if chosen_rho else None,
-            "advantage_abs_mean": float(replay.advantages[response].abs().mean()) if response.any() else 0.0,
-            "delta_mean": float(delta.mean()) if len(delta) else 0.0,
-            "delta_abs_mean": float(delta.abs().mean()) if len(delta) else 0.0,
-            "valid_token_fraction": float(valid[response].float().mean()) if response.any() else 0.0,
-            "response_tokens": int(response.sum()),
-            "replay_rollout_gap": replay.rollout_gap,
+        selected = [s for s in out.selection if s is not None and s.index is not None]
+        chosen_rho = [s.rho[s.index] for s in selected if s.rho]
+        metrics = {
+            **tagged("same", step=self.step_index),
+            **tagged("mean",
+                     reward_mean=_mean(t.reward for t in trajectories),
+                     success_rate=_mean(t.won for t in trajectories),
+                     score_mean=_mean(t.score for t in trajectories),
+                     turns_mean=_mean(len(t.records) for t in trajectories),
+                     valid_action_rate=_mean(r.valid_action for t in trajectories for r in t.records),
+                     groups_rewards_differ=_mean(g.rewards_differ for g in groups),
+                     groups_with_bundle=(len(selected) / len(groups)) if groups else 0.0,
+                     rho_selected_mean=float(np.mean(chosen_rho)) if chosen_rho else None),
+            **tagged("sum",
+                     env_errors=sum(bool(t.error) for t in trajectories),
+                     bundles_parsed=sum(len(c.bundles) for c in out.candidates),
+                     bundles_discarded=sum(len(c.errors) for c in out.candidates),
+                     response_tokens=int(response.sum())),
+            **tagged("tokens",
+                     advantage_abs_mean=float(replay.advantages[response].abs().mean()) if response.any() else 0.0,
+                     delta_mean=float(delta.mean()) if len(delta) else 0.0,
+                     delta_abs_mean=float(delta.abs().mean()) if len(delta) else 0.0,
+                     valid_token_fraction=float(valid[response].float().mean()) if response.any() else 0.0,
+                     replay_rollout_gap=replay.rollout_gap),
         }
-        out.update({k: v for k, v in update_metrics.items()})
         if self.verifier is not None and hasattr(self.verifier, "stats"):
-            out["verifier"] = self.verifier.stats(reset=True)  # this step's accounting
-        return out
-
-
-def warmup_schedule(optimizer, warmup_steps: int):
-    """Linear warm-up over `warmup_steps` optimizer steps, then the constant base rate."""
-    warmup = max(warmup_steps, 0)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            metrics.update(tagged("counters", verifier=self.verifier.stats(reset=True)))  # this step's accounting
+        return metrics
 
 
 def _mean(values) -> float:
@@ -308,10 +291,3 @@ def timed(seconds: dict, name: str):
         yield
     finally:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
-
-
-def make_env(config: Config):
-    options = dict(config.env.options)
-    if config.env.max_actions:
-        options.setdefault("max_actions", config.env.max_actions)
-    return envs.make(config.env.name, split=config.env.split, seed=config.env.seed, **options)

@@ -11,12 +11,15 @@ prompt with an action, the bundle prompt included, so a few bundle-format demons
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from dataclasses import dataclass
 
 import torch
 
 from orsd import rubric
+from orsd.methods import make_method
 from orsd.envs.prompts import demonstration_answer
 
 from .records import Trajectory
@@ -136,3 +139,33 @@ class _as_record:
     @property
     def num_tokens(self) -> int:
         return len(self.context_ids) + len(self.response_ids)
+
+
+def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
+    from tqdm.auto import tqdm
+
+    from orsd.envs.prompts import prompt_templates
+
+    w, r = config.warm_start, config.rollout
+    start = time.perf_counter()
+    rng = random.Random(config.train.seed + 7)
+    demos = collect_demos(env, tokenizer, w.episodes, r.max_context_tokens - r.max_new_tokens, rng, w.noise,
+                          config.env.max_actions, config.env.max_history_turns,
+                          prompt_templates(config.env.name, config.env.prompt))
+    actions = len(demos)
+    if make_method(config).writes_bundles and w.bundle_demos:
+        demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
+                                      rng, config.rubric.generation_template or None, config.env.max_actions)
+    steps = w.epochs * -(-len(demos) // w.batch_size)
+    show = config.train.progress and os.environ.get("RANK", "0") == "0"  # rank 0 only under a launcher
+    with tqdm(total=steps, desc="warm start", unit="step", disable=not show or not demos) as bar:
+        def progress(loss: float) -> None:
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update()
+
+        losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
+                            precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
+    log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
+        f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+        f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")
+    return losses

@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
 from orsd.envs import INFO_KEYS, Task, make  # noqa: E402
-from orsd.envs import alfworld_engine, alfworld_generator  # noqa: E402
-from orsd.envs.alfworld import NOTHING_HAPPENS, AlfworldEnv  # noqa: E402
-from orsd.envs.alfworld_scenes import TASK_TYPES  # noqa: E402
+from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
+from orsd.envs.alfworld.env import NOTHING_HAPPENS, AlfworldEnv  # noqa: E402
+from orsd.envs.alfworld.scenes import TASK_TYPES  # noqa: E402
 
 SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
-from orsd.envs import alfworld_engine, alfworld_generator  # noqa: E402
+from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
 
 SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
 
@@ -94,7 +94,7 @@ def test_translation_does_not_leak_sys_argv(cache_dir):
 
 
 def test_importing_the_engine_leaves_alfworld_data_unset(monkeypatch):
-    code = ("import os; from orsd.envs import alfworld_engine as e; e.require_alfworld(); "
+    code = ("import os; from orsd.envs.alfworld import engine as e; e.require_alfworld(); "
             "print(os.environ.get('ALFWORLD_DATA'))")
     environment = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"}
     environment["PYTHONPATH"] = os.pathsep.join(sys.path)

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
-from orsd.envs import alfworld_engine, alfworld_generator  # noqa: E402
-from orsd.envs.alfworld_generator import UNSEEN_FLOOR_PLANS, spec_stream  # noqa: E402
-from orsd.envs.alfworld_scenes import (FLOOR_PLANS, MAX_RECEPTACLES, TASK_TYPES, TaskSpec,  # noqa: E402
+from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
+from orsd.envs.alfworld.generator import UNSEEN_FLOOR_PLANS, spec_stream  # noqa: E402
+from orsd.envs.alfworld.scenes import (FLOOR_PLANS, MAX_RECEPTACLES, TASK_TYPES, TaskSpec,  # noqa: E402
                                        build_problem, load_scene, room_type)
 
 SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}

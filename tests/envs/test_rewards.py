@@ -45,7 +45,8 @@ def test_webshop_reward_hand_value():
         ((0.5, -1, 0, 1), ValueError, "n_invalid must be >= 0"),
         ((0.5, 0, 1.0, 1), TypeError, "n_no_progress must be an int"),
         ((0.5, 0, 0, -2), ValueError, "n_actions must be >= 0"),
-        ((0.5, 2, 2, 3), ValueError, "n_invalid \\+ n_no_progress must be <= n_actions"),
+        ((0.5, 4, 0, 3), ValueError, "n_invalid must be <= n_actions"),
+        ((0.5, 0, 4, 3), ValueError, "n_no_progress must be <= n_actions"),
     ],
 )
 def test_webshop_reward_rejects_bad_arguments(args, error, match):
@@ -85,3 +86,9 @@ def test_episode_reward_needs_finished_episode():
         episode_reward(env)
     with pytest.raises(TypeError, match="env must be an orsd.envs.Env"):
         episode_reward("webshop")
+
+
+def test_webshop_reward_counts_may_overlap():
+    """Eq. 13 is defined for each count in [0, T] on its own: a repeated invalid action is both."""
+    by_hand = 0.5 * 0.25 - 0.05 * 3 / 3 - 0.025 * 3 / 3
+    assert webshop_reward(0.25, 3, 3, 3) == pytest.approx(by_hand)

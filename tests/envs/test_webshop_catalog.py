@@ -7,15 +7,15 @@ from collections import Counter
 
 import pytest
 
-from orsd.envs.webshop_catalog import (
+from orsd.envs.webshop.catalog import (
     NO_PRICE_BOUND, PRICE_STEPS, build_catalog, get_catalog,
 )
-from orsd.envs.webshop_pages import BACK_TO_SEARCH, BUY_NOW, DETAIL_PAGES, NEXT, PREV, click_key
-from orsd.envs.webshop_scoring import (
+from orsd.envs.webshop.pages import BACK_TO_SEARCH, BUY_NOW, DETAIL_PAGES, NEXT, PREV, click_key
+from orsd.envs.webshop.scoring import (
     attribute_matches, fuzzy_ratio, normalize_color, score_purchase,
 )
-from orsd.envs.webshop_search import SearchIndex
-from orsd.envs.webshop_vocab import CATEGORIES, PRODUCT_TYPES
+from orsd.envs.webshop.search import SearchIndex
+from orsd.envs.webshop.vocab import CATEGORIES, PRODUCT_TYPES
 
 TYPES = {t.key: t for t in PRODUCT_TYPES}
 

@@ -8,7 +8,7 @@ import pytest
 
 from orsd.envs import make
 from orsd.envs.rewards import episode_reward
-from orsd.envs.webshop_real import WebShopRealEnv
+from orsd.envs.webshop.real import WebShopRealEnv
 
 
 class FakeServer:

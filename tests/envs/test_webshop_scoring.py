@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from orsd.envs.webshop_catalog import Goal, Product
-from orsd.envs.webshop_scoring import (
+from orsd.envs.webshop.catalog import Goal, Product
+from orsd.envs.webshop.scoring import (
     fuzzy_ratio, normalize_color, option_matches, score_purchase, type_reward,
 )
 

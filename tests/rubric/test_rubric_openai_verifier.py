@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from orsd.rubric import OpenAIVerifier, RubricBundle, VerifierRequestError, parse_retry_after
-from orsd.rubric.fake_server import FakeChatServer, Reply, num_attempts_asked, num_criteria_asked, scores_answer
+from helpers.fake_server import FakeChatServer, Reply, num_attempts_asked, num_criteria_asked, scores_answer
 
 KEY_ENV = "ORSD_TEST_VERIFIER_KEY"
 KEY = "sk-test-7f3a9c2e51d84b6f"

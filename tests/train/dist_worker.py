@@ -15,8 +15,9 @@ import torch  # noqa: E402
 
 from orsd.train import distributed  # noqa: E402
 from orsd.train.model import frozen_copy, load_policy, load_tokenizer  # noqa: E402
-from orsd.train.trainer import Trainer, make_env  # noqa: E402
-from orsd.train.verifiers import build_verifier  # noqa: E402
+from orsd.train.build import make_env  # noqa: E402
+from orsd.train.trainer import Trainer  # noqa: E402
+from orsd.train.build import build_verifier  # noqa: E402
 from scripted import ScriptedEngine, small_config  # noqa: E402
 
 
@@ -25,7 +26,7 @@ def main(model_dir: str, out: str, steps: int, zero_stage: int, *overrides: str)
     # rollout.engine=vllm only satisfies the guard against hf generation from ZeRO-3 shards: the engine
     # used is the fully scripted test fake, whose teacher-forced forwards are the same count on every rank
     # (and vLLM's rules apply: no n-gram ban on bundles)
-    config = small_config(f"model.path={model_dir}", "rubric.mode=orsd", f"distributed.zero_stage={zero_stage}",
+    config = small_config(f"model.path={model_dir}", "method.name=orsd", f"distributed.zero_stage={zero_stage}",
                           "rollout.engine=vllm", "rubric.no_repeat_ngram_size=0",
                           "optim.lr=1e-2", "model.device=cpu", "optim.micro_batch_tokens=1", *overrides)
     dist = distributed.setup(config)

@@ -14,7 +14,7 @@ def test_embedded_default_is_the_cpu_run():
     assert config.model.path == "smollm2-135m"
     assert config.env.name == "webshop"
     assert config.warm_start.enabled
-    assert config.rubric.mode == "orsd"
+    assert config.method.name == "orsd"
 
 
 def test_file_layers_on_paper_defaults_not_on_the_cpu_default(tmp_path):
@@ -27,9 +27,9 @@ def test_file_layers_on_paper_defaults_not_on_the_cpu_default(tmp_path):
 
 
 def test_overrides_parse_yaml_values():
-    config = load_config(None, ["rubric.num_bundles=2", "rubric.alpha=0.05", "rubric.mode=grpo",
+    config = load_config(None, ["rubric.num_bundles=2", "rubric.alpha=0.05", "method.name=grpo",
                                 "optim.betas=[0.8, 0.9]", "env.options={foo: 1}"])
-    assert config.rubric.num_bundles == 2 and config.rubric.alpha == 0.05 and config.rubric.mode == "grpo"
+    assert config.rubric.num_bundles == 2 and config.rubric.alpha == 0.05 and config.method.name == "grpo"
     assert config.optim.betas == [0.8, 0.9] and config.env.options == {"foo": 1}
 
 
@@ -42,7 +42,9 @@ def test_int_is_accepted_for_float():
     ("nosection.x=1", "nosection"),
     ("rubric.num_bundles=two", "rubric.num_bundles"),
     ("train.progress=3", "train.progress"),
-    ("rubric.mode=ppo", "rubric.mode"),
+    ("method.name=ppo", "method.name"),
+    ("optim.old_logprobs=sampler", "optim.old_logprobs"),
+    ("optim.micro_batch_size=-1", "optim.micro_batch_size"),
     ("rollout.top_p=1.5", "rollout.top_p"),
     ("rubric=3", "rubric"),
     ("verifier.kind=openai", "verifier.base_url"),
@@ -50,6 +52,14 @@ def test_int_is_accepted_for_float():
 def test_bad_keys_and_values_name_the_key(override, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config(None, [override])
+
+
+def test_renamed_keys_are_read_for_one_release_with_a_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("rubric: {mode: grpo}\nverifier: {mode: per_group}\n")
+    with pytest.warns(FutureWarning, match="rubric.mode.*method.name"):
+        config = load_config(path, ["rubric.mode=random_bundle"])
+    assert config.method.name == "random_bundle" and config.verifier.granularity == "per_group"
 
 
 def test_override_without_equals_is_an_error():
@@ -109,6 +119,9 @@ def test_paper_presets_hold_the_papers_settings(preset):
     assert config.train.steps == 300 and config.optim.lr == 1e-6 and not config.warm_start.enabled
     assert config.env.name in preset.stem
     assert config.model.path == ("Qwen/Qwen3-4B" if "_4b_" in preset.stem else "Qwen/Qwen3-1.7B")
-    assert config.rubric.mode == ("grpo" if preset.stem.endswith("grpo") else "orsd")
+    assert config.method.name == ("grpo" if preset.stem.endswith("grpo") else "orsd")
+    # Table 4's micro-batch (samples per GPU: WebShop 1, ALFWorld 2) and App. C.2's π_old
+    assert config.optim.micro_batch_size == (1 if config.env.name == "webshop" else 2)
+    assert config.optim.old_logprobs == "rollout"
     twin = preset.with_name(preset.stem.rsplit("_", 1)[0] + ("_orsd" if preset.stem.endswith("grpo") else "_grpo") + ".yaml")
     assert twin.exists()

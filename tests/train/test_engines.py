@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from orsd.train.config import ConfigError, load_config
-from orsd.train.engines import HfEngine, Sampling
+from orsd.engines.hf import HfEngine, Sampling
 
 
 def ngrams(ids, n):

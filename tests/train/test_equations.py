@@ -1,4 +1,4 @@
-"""Eq. 8–11 and 14 on small hand-checked cases, through the trainer's real code path."""
+"""The paper's Eq. 2, 8, 9, 11 and 14 on small hand-checked cases, through the trainer's real code path."""
 
 import copy
 
@@ -7,13 +7,19 @@ import torch
 
 from scripted import ScriptedEngine, small_config
 from orsd.envs.base import Task
-from orsd.train.loss import per_token_loss, update
+from orsd.methods import make_method
+from orsd.train.build import build_verifier, make_env
+from orsd.train.loss import per_token_loss
+from orsd.train.loss import update as tagged_update
+from orsd.train.metrics import values
 from orsd.train.model import frozen_copy
 from orsd.train.records import Group, Trajectory, TurnRecord
 from orsd.train.replay import pack, paired_replay
-from orsd.train.rollout import rollout
-from orsd.train.trainer import Trainer, make_env
-from orsd.train.verifiers import build_verifier
+from orsd.train.trainer import Trainer
+
+
+def update(*args, **kwargs):
+    return values(tagged_update(*args, **kwargs))
 
 
 def record(context, response, slot=1):
@@ -30,23 +36,22 @@ def full_logprobs(model, ids, temperature=1.0):
     return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
 
 
-def test_eq8_grpo_advantages_per_group(tiny_model, tiny_tokenizer):
-    config = small_config("rubric.mode=grpo")
-    trainer = Trainer(config, tiny_model, tiny_tokenizer, tiny_model, None, make_env(config))
+def test_eq2_grpo_advantages_per_group():
+    method = make_method(small_config("method.name=grpo"))
     task = Task("t", "train", "d", "k")
-    groups = [Group(task, [Trajectory(task, [], [], reward=r) for r in rewards])
+    groups = [Group(task, [Trajectory(task, [], [], records=[record([1], [2])] * 2, reward=r) for r in rewards])
               for rewards in ([1.0, 0.0, 0.0, 1.0], [0.5, 0.5], [0.2])]
-    trainer.grpo_advantages(groups)
+    advantages = method.advantages(groups)
     std = (4 * 0.25 / 3) ** 0.5  # sample std of [1, 0, 0, 1]
-    expected = [0.5 / (std + 1e-6), -0.5 / (std + 1e-6)] * 2
-    got = [t.advantage for t in groups[0].trajectories]
-    assert got == pytest.approx([expected[0], expected[1], expected[1], expected[0]], rel=1e-6)
-    assert [t.advantage for t in groups[1].trajectories] == [0.0, 0.0]  # constant group
-    assert [t.advantage for t in groups[2].trajectories] == [0.0]  # singleton
+    up, down = 0.5 / (std + 1e-6), -0.5 / (std + 1e-6)
+    assert advantages.episode[0] == pytest.approx([up, down, down, up], rel=1e-6)
+    assert advantages.episode[1] == [0.0, 0.0]  # constant group
+    assert advantages.episode[2] == [0.0]  # singleton
+    assert advantages.turn[0][1] == pytest.approx([down, down], rel=1e-6)  # broadcast to every turn
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_eq9_10_delta_and_shaped_advantage(tiny_model, temperature):
+def test_eq8_9_delta_and_shaped_advantage(tiny_model, temperature):
     rubric = [7, 8, 9, 10]
     records = [record([1, 2, 3, 4, 5], [11, 12, 13], slot=2),
                record([1, 2, 6], [14, 15], slot=3),  # slot at the end of the context
@@ -62,7 +67,7 @@ def test_eq9_10_delta_and_shaped_advantage(tiny_model, temperature):
         lp_with = full_logprobs(tiny_model, spliced, temperature)[-len(rec.response_ids):]
         span = slice(cursor + len(rec.context_ids), cursor + len(plain))
         assert out.old_logprobs[span].double() == pytest.approx(lp_without, abs=1e-5)
-        if s < 2:  # eligible: Δ = lp_with − lp_without (Eq. 9), A = A_GRPO + α·Δ (Eq. 10)
+        if s < 2:  # eligible: Δ = lp_with − lp_without (Eq. 8), A = A_GRPO + α·Δ (Eq. 9)
             assert out.valid[span].all()
             assert out.delta[span].double() == pytest.approx(lp_with - lp_without, abs=1e-5)
             assert out.advantages[span].double() == pytest.approx(advantages[s] + alpha * (lp_with - lp_without),
@@ -117,28 +122,54 @@ def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model):
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
 
 
+def test_eq14_micro_batch_size_one_is_a_per_record_token_mean(tiny_model):
+    """optim.micro_batch_size=1 (the paper's WebShop setting): the gradient equals the mean over
+    records of each record's token-mean loss, (1/S) Σ_s (1/|T_s|) Σ_{t∈s} f_t, computed by hand."""
+    records = [record([1, 2, 3], [4, 5, 6]), record([1, 7], [8, 9]), record([2, 3, 4, 5, 6, 7], [10])]
+    packed = pack(records)
+    generator = torch.Generator().manual_seed(3)
+    old = -torch.rand(len(packed.ids), generator=generator) - 0.5
+    ref = -torch.rand(len(packed.ids), generator=generator) - 0.5
+    adv = torch.randn(len(packed.ids), generator=generator)
+    kw = dict(clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0, kl_coef=0.05)
+    model_a, model_b = tiny_model, copy.deepcopy(tiny_model)
+    metrics = update(model_a, torch.optim.SGD(model_a.parameters(), lr=0.0), packed, old, ref, adv,
+                     temperature=1.0, micro_batch_tokens=10**6, micro_batch_size=1, grad_clip=0.0, **kw)
+    assert metrics["micro_batches"] == 3  # one record each, although all fit one token budget
+    model_b.train()
+    total = 0.0
+    for s, rec in enumerate(records):
+        ids = rec.context_ids + rec.response_ids
+        logits = model_b(torch.tensor([ids])).logits[0, :-1].double()
+        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+        start = int(packed.cu_seqlens[s]) + len(rec.context_ids)
+        span = slice(start, start + len(rec.response_ids))
+        f = per_token_loss(lp[-len(rec.response_ids):], old[span].double(), ref[span].double(),
+                           adv[span].double(), **kw).loss
+        total = total + f.mean()
+    (total / len(records)).backward()
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.allclose(a.grad.double(), b.grad.double(), atol=1e-6), name
+
+
 def test_alpha_zero_orsd_equals_grpo(tiny_model, tiny_tokenizer):
     """Same batch: ORSD with α = 0 gives GRPO's advantages, loss and gradients exactly."""
-    orsd_config = small_config("rubric.mode=orsd", "rubric.alpha=0.0")
-    grpo_config = small_config("rubric.mode=grpo")
+    orsd_config = small_config("method.name=orsd", "rubric.alpha=0.0")
+    grpo_config = small_config("method.name=grpo")
     reference = frozen_copy(tiny_model)
 
     orsd = Trainer(orsd_config, tiny_model, tiny_tokenizer, reference,
                    build_verifier(orsd_config, reference, tiny_tokenizer), make_env(orsd_config),
                    engine=ScriptedEngine(tiny_model, tiny_tokenizer))
-    groups = rollout(orsd.engine, tiny_tokenizer, orsd.env, orsd.sample_tasks(), 4, orsd.rollout_sampling(),
-                     orsd_config.rollout.max_context_tokens, 2)
-    orsd.grpo_advantages(groups)
-    candidates = orsd.generate_bundles(groups)
-    orsd.verify(candidates)
-    orsd.align(candidates)
-    for g in groups:  # make sure the rubric path is really exercised
-        g.selected = g.selected if g.selected is not None else 0
-    replay_orsd = orsd.paired_replay(groups)
+    groups = orsd.rollout(orsd.sample_tasks())
+    advantages = orsd.method.advantages(groups)
+    candidates = orsd.method.write_bundles(groups, orsd.write_bundles)
+    bundles = [c.bundles[0] for c in candidates]  # make sure the rubric path is really exercised
+    replay_orsd = orsd.paired_replay(groups, advantages, bundles)
     assert replay_orsd.valid.any()
 
     grpo = Trainer(grpo_config, tiny_model, tiny_tokenizer, reference, None, make_env(grpo_config))
-    replay_grpo = grpo.paired_replay(groups)
+    replay_grpo = grpo.paired_replay(groups, advantages, [None] * len(groups))
     assert torch.equal(replay_orsd.advantages, replay_grpo.advantages)
     assert torch.equal(replay_orsd.old_logprobs, replay_grpo.old_logprobs)
 

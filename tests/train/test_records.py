@@ -12,7 +12,7 @@ import torch
 from orsd import envs, ops
 from orsd.envs.prompts import build_messages
 from orsd.train.bundles import rubric_ids
-from orsd.train.engines import Generation, HfEngine, Sampling
+from orsd.engines.hf import Generation, HfEngine, Sampling
 from orsd.train.model import load_tokenizer
 from orsd.train.replay import pack, paired_replay
 from orsd.train.rollout import build_context, render, rollout

@@ -1,7 +1,7 @@
 """Reporting of a run directory: TensorBoard scalars, curves.png, report.html, `orsd-report`.
 
 The run directories are written here by hand (with the trainer's own RunDir appender and config
-writer), with the record shapes of trainer.metrics(), Group.summary() and eval.jsonl."""
+writer), with the record shapes of Trainer.step_metrics(), records.group_record() and eval.jsonl."""
 
 import html
 import json
@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from orsd.train.config import load_config
-from orsd.train.report import Reporter, curve_data, ema, flatten, main, pick_groups, plot_curves, write_report
-from orsd.train.report_html import delta_heatmap
-from orsd.train.run_dir import RunDir
+from orsd.train.config import load_config, to_dict
+from orsd.report.reporter import Reporter, curve_data, ema, flatten, main, pick_groups, plot_curves, write_report
+from orsd.report.html import delta_heatmap
+from orsd.report.run_dir import RunDir
 
 RESPONSE = "<think>the red one is cheaper</think><action>click[b0c1]</action>"
 
@@ -63,7 +63,7 @@ def group_record(step: int, number: int, selected: int | None) -> dict:
 
 def make_run(path, mode="orsd", env="webshop", steps=8, seed=0, evals=True, groups=True):
     run = RunDir(path)
-    run.write_config(load_config(None, [f"rubric.mode={mode}", f"env.name={env}", f"train.seed={seed}"]))
+    run.write_config(to_dict(load_config(None, [f"method.name={mode}", f"env.name={env}", f"train.seed={seed}"])))
     (run.path / "environment.json").write_text(json.dumps({"python": "3.11.2", "packages": {"torch": "2.13.0"},
                                                            "seed": seed, "git_sha": "abc123"}))
     rng = np.random.default_rng(seed)
@@ -244,7 +244,7 @@ def test_write_report_sections_escaping_chosen_bundle_and_heatmap(tmp_path):
         assert f'<section id="{anchor}">' in page
     assert "<script" not in page and "<link" not in page and "http" not in page  # self-contained
     assert "data:image/png;base64," in page and 'href="config.yaml"' in page
-    assert "rubric:\n  mode: orsd" in page  # the resolved config, inline
+    assert "method:\n  name: orsd" in page  # the resolved config, inline
     # transcripts and criteria show their tags as text, never as markup
     assert "<think>" not in page and "<action>" not in page and "<b>red</b>" not in page
     assert html.escape(RESPONSE) in page and "&lt;b&gt;red&lt;/b&gt;" in page

@@ -1,19 +1,24 @@
-"""One training step end to end on CPU with the tiny random model, in every mode."""
+"""One training step end to end on CPU with the tiny random model, for every method."""
 
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from scripted import ScriptedEngine, small_config
+from orsd import rubric
+from orsd.rubric import VerifierResult
+from orsd.train.build import build_verifier, make_env
 from orsd.train.model import frozen_copy
-from orsd.train.trainer import Trainer, make_env
-from orsd.train.verifiers import build_verifier
+from orsd.train.trainer import Trainer
+from scripted import ScriptedEngine, small_config
 
 
-def make_trainer(config, model, tokenizer):
+def make_trainer(config, model, tokenizer, verifier=None):
     reference = frozen_copy(model)
-    verifier = build_verifier(config, reference, tokenizer) if config.rubric.mode == "orsd" else None
+    if verifier is None and config.method.name == "orsd":
+        verifier = build_verifier(config, reference, tokenizer)
     trainer = Trainer(config, model, tokenizer, reference, verifier, make_env(config),
                       engine=ScriptedEngine(model, tokenizer, config.env.name))
     trainer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
@@ -21,7 +26,7 @@ def make_trainer(config, model, tokenizer):
 
 
 def check_records(result, config):
-    assert len(result.groups) == config.rollout.tasks_per_step
+    assert len(result.groups) == len(result.records) == config.rollout.tasks_per_step
     for group in result.groups:
         assert len(group.trajectories) == config.rollout.group_size
         for trajectory in group.trajectories:
@@ -36,67 +41,121 @@ def check_records(result, config):
                 assert 0 < record.rubric_slot < len(record.context_ids)
 
 
-@pytest.mark.parametrize("mode", ["orsd", "grpo", "offline_rubric", "single_bundle", "random_bundle"])
-def test_every_mode_runs_a_step_on_webshop(mode, tiny_model, tiny_tokenizer):
-    config = small_config(f"rubric.mode={mode}")
+@pytest.mark.parametrize("method", ["orsd", "grpo", "offline_rubric", "single_bundle", "random_bundle"])
+def test_every_method_runs_a_step_on_webshop(method, tiny_model, tiny_tokenizer):
+    config = small_config(f"method.name={method}")
     trainer = make_trainer(config, tiny_model, tiny_tokenizer)
     before = [p.detach().clone() for p in tiny_model.parameters()]
     result = trainer.step()
     check_records(result, config)
-    m = result.metrics
+    m, out = result.metrics, result.outputs
     assert m["groups_rewards_differ"] == 1.0  # scripted: half the episodes act validly
     assert m["response_tokens"] == sum(len(r.response_ids) for g in result.groups
                                        for t in g.trajectories for r in t.records)
     assert m["replay_rollout_gap"] < 1e-3  # the plain replay reproduces the rollout's log-probs
     assert any(not torch.equal(b, p) for b, p in zip(before, tiny_model.parameters()))
-    if mode == "grpo":
+    assert set(result.seconds) >= {"rollout", "advantages", "replay", "reference", "update"}
+    if method == "grpo":
         assert m["groups_with_bundle"] == 0 and m["valid_token_fraction"] == 0
-        assert set(result.seconds) >= {"rollout", "replay", "reference", "update"}
-        assert "bundles" not in result.seconds
-    else:
-        assert all(g.bundles for g in result.groups), [g.bundle_errors for g in result.groups]
-        if mode != "orsd":  # the ablations always use their bundle
-            assert m["groups_with_bundle"] == 1.0
-        assert m["valid_token_fraction"] > 0 if m["groups_with_bundle"] else True
-    if mode == "orsd":
-        for group in result.groups:
-            assert len(group.scores) == len(group.bundles) == 2
-            assert all(s.shape == (4, 6) for s in group.scores)
-            assert len(group.rho) == 2
+        assert all(not c.bundles for c in out.candidates) and out.selection == [None, None]
+        return
+    assert all(c.bundles for c in out.candidates), [c.errors for c in out.candidates]
+    if method == "orsd":
+        for candidates, scores, selection in zip(out.candidates, out.scores, out.selection):
+            assert len(scores) == len(candidates.bundles) == 2
+            assert all(s.scores.shape == (4, 6) for s in scores)
+            assert len(selection.rho) == 2
         assert m["verifier"]["requests"] > 0
-    if m["groups_with_bundle"]:
-        assert m["delta_abs_mean"] > 0  # the rubric changes the tiny model's log-probs
+    else:  # the ablations make no verifier call and always use their bundle
+        assert out.scores == [None, None]
+        assert m["groups_with_bundle"] == 1.0
+        assert m["valid_token_fraction"] > 0 and m["delta_abs_mean"] > 0
+
+
+class ScriptedVerifier:
+    """Test fake verifier: criterion scores follow whether a transcript contains the valid action
+    (so bundle 0 correlates with the rewards and bundle 1 anti-correlates) — forces B* = 0."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def ascore_many_with_events(self, task, transcripts, bundles):
+        self.calls += 1
+        acted = np.array([1.0 if "search[shirt]" in t else 0.0 for t in transcripts])
+        rows = [acted, 1.0 - acted] + [np.full(len(transcripts), 0.5)] * (len(bundles) - 2)
+        return [VerifierResult(np.repeat(rows[m][:, None], len(b.criteria), axis=1)) for m, b in enumerate(bundles)]
+
+
+def lp_of_response(model, context, response, temperature):
+    """log π of each response token after `context`, from one plain forward (the hand computation)."""
+    ids = context + response
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double() / temperature
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+    return lp[-len(response):]
+
+
+def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(tiny_model, tiny_tokenizer):
+    """A scripted verifier forces B* = bundle 0; Δ, e and A = A_GRPO + α·e·Δ (Eq. 8–9) are then
+    checked by hand on a response token against plain forwards of the two contexts."""
+    config = small_config("method.name=orsd", "rubric.alpha=0.5", "rollout.temperature=0.8")
+    verifier = ScriptedVerifier()
+    trainer = make_trainer(config, tiny_model, tiny_tokenizer, verifier)
+    initial = frozen_copy(tiny_model)  # the replay runs under the rollout weights, before the update
+    result = trainer.step()
+    out = result.outputs
+    assert verifier.calls == 2
+    assert [s.index for s in out.selection] == [0, 0]
+    assert all(s.rho[0] > 0 > s.rho[1] for s in out.selection)
+    group, record = result.groups[0], result.groups[0].trajectories[0].records[0]
+    bundle = out.candidates[0].bundles[0]
+    rubric_ids = rubric.rubric_context(bundle)
+    from orsd.train.bundles import rubric_ids as ids_of
+
+    spliced = ids_of(tiny_tokenizer, rubric_ids, "system")
+    context_with = record.context_ids[:record.rubric_slot] + spliced + record.context_ids[record.rubric_slot:]
+    lp_without = lp_of_response(initial, record.context_ids, record.response_ids, 0.8)
+    lp_with = lp_of_response(initial, context_with, record.response_ids, 0.8)
+    start = len(record.context_ids)  # record 0 is first in the packing
+    span = slice(start, start + len(record.response_ids))
+    replay = out.replay
+    assert replay.valid[span].all()  # e = 1 on every response token of an eligible record
+    assert replay.delta[span].double() == pytest.approx(lp_with - lp_without, abs=1e-5)
+    a_grpo = out.advantages.episode[0][0]
+    assert replay.advantages[span].double() == pytest.approx(a_grpo + 0.5 * (lp_with - lp_without), abs=1e-5)
+    assert (lp_with - lp_without).abs().max() > 1e-4  # the rubric really changes the log-probs
+    assert result.records[0]["selected"] == 0 and result.records[0]["delta_example"]["turns"]
 
 
 def test_offline_rubric_keeps_the_first_bundle_per_task(tiny_model, tiny_tokenizer):
-    config = small_config("rubric.mode=offline_rubric", "rollout.tasks_per_step=1")
+    config = small_config("method.name=offline_rubric", "rollout.tasks_per_step=1")
     trainer = make_trainer(config, tiny_model, tiny_tokenizer)
     first = trainer.step()
     task = first.groups[0].task
-    kept = trainer.offline_bundles[task.id]
+    kept = trainer.method.kept[task.id].bundles
     trainer.task_rng.seed(config.train.seed)  # draw the same task again
     second = trainer.step()
     assert second.groups[0].task == task
-    assert second.groups[0].bundles == [kept]
+    assert second.outputs.candidates[0].bundles == kept
     generated = sum(1 for prompts, _ in trainer.initial_engine.calls for _ in prompts)
     assert generated == 1  # generated once, by the initial policy, then kept
+    restored = make_trainer(config, tiny_model, tiny_tokenizer)
+    restored.method.load_state_dict(trainer.method.state_dict())  # what a checkpoint carries
+    assert restored.method.kept[task.id].bundles == kept
 
 
-def test_summary_of_a_group_is_json_ready(tiny_model, tiny_tokenizer):
-    import json
-
+def test_group_records_are_json_ready(tiny_model, tiny_tokenizer):
     config = small_config()
     result = make_trainer(config, tiny_model, tiny_tokenizer).step()
-    for group in result.groups:
-        line = json.dumps(group.summary(), allow_nan=False)
-        back = json.loads(line)
-        assert len(back["transcripts"]) == config.rollout.group_size
+    for record in result.records:
+        back = json.loads(json.dumps(record, allow_nan=False))
+        assert len(back["transcripts"]) == len(back["advantages"]) == config.rollout.group_size
         assert "reward" not in json.dumps(back["bundle_texts"]).lower()
 
 
 def test_bf16_autocast_step_learns_and_keeps_replay_close(tiny_model, tiny_tokenizer):
-    """The CPU default's mixed precision: no-grad stages and update forwards in bf16, fp32 weights."""
-    config = small_config("rubric.mode=grpo", "model.autocast=bfloat16")
+    """Mixed precision: no-grad stages and update forwards in bf16, fp32 weights."""
+    config = small_config("method.name=grpo", "model.autocast=bfloat16")
     trainer = make_trainer(config, tiny_model, tiny_tokenizer)
     before = [p.detach().clone() for p in tiny_model.parameters()]
     result = trainer.step()
@@ -104,3 +163,13 @@ def test_bf16_autocast_step_learns_and_keeps_replay_close(tiny_model, tiny_token
     assert abs(result.metrics["ratio"] - 1.0) < 1e-2  # π_old and the update's forward agree
     assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, tiny_model.parameters()))
+
+
+def test_old_logprobs_from_the_rollout(tiny_model, tiny_tokenizer):
+    """optim.old_logprobs=rollout puts the sampler's log-probs in the ratio (paper App. C.2)."""
+    config = small_config("method.name=grpo", "optim.old_logprobs=rollout", "optim.lr=0")
+    result = make_trainer(config, tiny_model, tiny_tokenizer).step()
+    replay = result.outputs.replay
+    scored = replay.packed.response_mask
+    assert torch.allclose(replay.rollout_logprobs[scored], replay.old_logprobs[scored], atol=1e-3)
+    assert abs(result.metrics["ratio"] - 1.0) < 1e-3

@@ -4,11 +4,12 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
-from orsd.envs import alfworld_generator  # noqa: E402
+from orsd.envs.alfworld import generator as alfworld_generator  # noqa: E402
 from orsd.train.evaluate import evaluate  # noqa: E402
 from orsd.train.model import frozen_copy, load_policy  # noqa: E402
-from orsd.train.trainer import Trainer, make_env  # noqa: E402
-from orsd.train.verifiers import build_verifier  # noqa: E402
+from orsd.train.build import make_env
+from orsd.train.trainer import Trainer  # noqa: E402
+from orsd.train.build import build_verifier  # noqa: E402
 from scripted import ExpertReplayEngine, small_config  # noqa: E402
 
 SIZES = {"train": 6, "valid_seen": 6, "valid_unseen": 6}
@@ -33,13 +34,13 @@ def test_orsd_step_on_alfworld(alfworld_options, tiny_smol_dir, smol_tokenizer, 
     trainer = Trainer(config, policy, smol_tokenizer, reference, build_verifier(config, reference, smol_tokenizer),
                       env, engine=engine)
     result = trainer.step()
-    for group in result.groups:
+    for group, candidates, scores in zip(result.groups, result.outputs.candidates, result.outputs.scores):
         for sample, trajectory in enumerate(group.trajectories):
             assert not trajectory.error
             assert len(trajectory.records) == len(trajectory.actions) >= 1
             assert trajectory.won == (sample % 2 == 0)  # the planner expert wins within 20 actions
             assert trajectory.reward == float(trajectory.won)  # Eq. 12
-        assert group.rewards_differ and group.bundles and len(group.scores) == 2
+        assert group.rewards_differ and candidates.bundles and len(scores) == 2
     assert result.metrics["groups_rewards_differ"] == 1.0
     assert result.metrics["update_tokens"] == result.metrics["response_tokens"] > 0
 

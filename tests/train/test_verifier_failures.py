@@ -2,14 +2,15 @@
 GRPO for those groups, and the records say why."""
 
 from orsd.rubric import OpenAIVerifier
-from orsd.rubric.fake_server import FakeChatServer, Reply
+from helpers.fake_server import FakeChatServer, Reply
 from orsd.train.model import frozen_copy
-from orsd.train.trainer import Trainer, make_env
+from orsd.train.build import make_env
+from orsd.train.trainer import Trainer
 from scripted import ScriptedEngine, small_config
 
 
 def test_failing_verifier_degrades_to_grpo(tiny_model, tiny_tokenizer):
-    config = small_config("rubric.mode=orsd")
+    config = small_config("method.name=orsd")
     with FakeChatServer(lambda request: Reply.error(500)) as server:
         verifier = OpenAIVerifier(server.url, "judge", max_retries=1, backoff_base_seconds=0.001,
                                   backoff_max_seconds=0.002)
@@ -23,9 +24,10 @@ def test_failing_verifier_degrades_to_grpo(tiny_model, tiny_tokenizer):
     assert m["delta_abs_mean"] == 0.0
     assert m["verifier"]["failed"] > 0 and m["verifier"]["retries"] > 0 and m["verifier"]["cells_scored"] == 0
     assert m["update_tokens"] == m["response_tokens"]  # the update still ran on every token
-    for group in result.groups:
-        assert group.bundles and group.selected is None
-        assert group.verifier_events, "each failed cell is recorded with its group"
-        assert all(e["reason"] for e in group.verifier_events)
-        assert group.reason  # says why no bundle was used
-        assert all(s.size and (s != s).all() for s in group.scores)  # every cell unscored (NaN)
+    out = result.outputs
+    for candidates, scores, selection, record in zip(out.candidates, out.scores, out.selection, result.records):
+        assert candidates.bundles and selection.index is None and record["selected"] is None
+        assert record["verifier_events"], "each failed cell is recorded with its group"
+        assert all(e["reason"] for e in record["verifier_events"])
+        assert selection.reason and record["reason"]  # says why no bundle was used
+        assert all(s.scores.size and (s.scores != s.scores).all() for s in scores)  # every cell unscored (NaN)

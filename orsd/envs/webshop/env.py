@@ -22,21 +22,14 @@ import re
 from typing import Any
 
 from orsd.envs.base import Env, Task
-from orsd.envs.webshop_catalog import SPLITS, Catalog, Goal, get_catalog
-from orsd.envs.webshop_pages import (
+from orsd.envs.webshop.commands import echo as _echo, split_command
+from orsd.envs.webshop.catalog import SPLITS, Catalog, Goal, get_catalog
+from orsd.envs.webshop.pages import (
     BACK_TO_SEARCH, BUY_NOW, DETAIL, DETAIL_PAGES, DONE, ITEM, NEXT, PREV, RESULTS, SEARCH,
     PageState, click_key, clickables, render, results_on_page,
 )
-from orsd.envs.webshop_scoring import ScoreParts, option_matches, score_purchase
-from orsd.envs.webshop_search import SearchIndex, get_index
-
-_COMMAND = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
-_ECHO_CHARS = 60
-
-
-def _echo(text: str) -> str:
-    return repr(text if len(text) <= _ECHO_CHARS else text[:_ECHO_CHARS] + "...")
-
+from orsd.envs.webshop.scoring import ScoreParts, option_matches, score_purchase
+from orsd.envs.webshop.search import SearchIndex, get_index
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -167,8 +160,6 @@ class WebShopEnv(Env):
             raise RuntimeError("no episode: call reset(task) before step")
         if self.done:
             raise RuntimeError("the episode is over: call reset(task) to start another")
-        if action is not None and not isinstance(action, str):
-            raise TypeError(f"action must be a str or None, got {type(action).__name__}")
         self.num_actions += 1
         new_state, message = self._transition(action)
         valid = new_state is not None
@@ -205,12 +196,9 @@ class WebShopEnv(Env):
 
     def _transition(self, action: str | None) -> tuple[PageState | None, str]:
         """(new state, optional observation override) or (None, why it was invalid)."""
-        if action is None:
-            return None, "the reply had no well-formed <action>...</action>."
-        match = _COMMAND.match(action)
-        if match is None:
-            return None, f"unknown command {_echo(action)}; use search[...] or click[...]."
-        verb, argument = match.group(1).lower(), match.group(2).strip()
+        verb, argument = split_command(action)
+        if verb is None:
+            return None, argument
         state = self.state
         if verb == "search":
             if state.page != SEARCH:

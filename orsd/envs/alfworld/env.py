@@ -2,7 +2,7 @@
 
 By default the tasks are our own: PDDL problems for ALFWorld's six task types in the 120 ALFRED
 rooms, each checked solvable by the planner expert and cached on disk
-(`orsd.envs.alfworld_generator`). When `ALFWORLD_DATA` (or `data_dir=`) points at the official
+(`orsd.envs.alfworld.generator`). When `ALFWORLD_DATA` (or `data_dir=`) points at the official
 games (`json_2.1.1/{train,valid_seen,valid_unseen}/**/game.tw-pddl`), those are played instead.
 
 Reward (paper Eq. 12) is `info["won"]`; the horizon is `max_actions` attempted actions (50).
@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from orsd.envs import alfworld_engine as engine_lib
-from orsd.envs.alfworld_scenes import TASK_TYPES
+from orsd.envs.alfworld import engine as engine_lib
+from orsd.envs.alfworld.scenes import TASK_TYPES
 from orsd.envs.base import Env, Task
 
 SOURCES = ("auto", "generated", "official")
@@ -116,7 +116,7 @@ class _Catalog:
         if self.root is not None:
             entries = official_tasks(self.root, split)
         else:
-            from orsd.envs import alfworld_generator as generator
+            from orsd.envs.alfworld import generator
 
             train = self._load("train") if split == "valid_seen" else None
             entries = generator.load_or_build(self.cache_dir, self.seed, split, self.split_sizes,
@@ -151,7 +151,7 @@ class AlfworldEnv(Env):
             raise ValueError(f"max_actions={max_actions!r} must be a positive int")
         if source not in SOURCES:
             raise ValueError(f"source={source!r}; expected one of {list(SOURCES)}")
-        from orsd.envs.alfworld_generator import DEFAULT_SPLIT_SIZES
+        from orsd.envs.alfworld.generator import DEFAULT_SPLIT_SIZES
 
         sizes = dict(DEFAULT_SPLIT_SIZES)
         for key, value in (split_sizes or {}).items():

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from .engines import Generation, Sampling, _stop_ids
+from .hf import Generation, Sampling, _stop_ids
 from .weight_sync import Deadline, WeightSyncTimeout, buckets, gather
 
 __all__ = ["VllmEngine", "WeightSyncTimeout"]

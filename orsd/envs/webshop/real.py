@@ -9,15 +9,14 @@ train = the rest.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from orsd.envs.base import Env, Task
+from orsd.envs.webshop.commands import split_command
 
 SPLITS = ("train", "dev", "test")
 _SPLIT_RANGES = {"test": (0, 500), "dev": (500, 1500), "train": (1500, None)}
-_COMMAND = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 
 
 def _gym_factory(**kwargs: Any) -> Any:
@@ -103,12 +102,9 @@ class WebShopRealEnv(Env):
 
     def _clickable(self, action: str | None) -> tuple[str | None, str]:
         """The exact command to send to WebShop, or None and why the action is invalid."""
-        if action is None:
-            return None, "the reply had no well-formed <action>...</action>."
-        match = _COMMAND.match(action)
-        if match is None:
-            return None, f"unknown command {action[:60]!r}; use search[...] or click[...]."
-        verb, argument = match.group(1).lower(), match.group(2).strip()
+        verb, argument = split_command(action)
+        if verb is None:
+            return None, argument
         available = self._env.get_available_actions()
         if verb == "search":
             if not available["has_search_bar"] or not argument:

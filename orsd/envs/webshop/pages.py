@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orsd.envs.webshop_catalog import Catalog, Product
+from orsd.envs.webshop.catalog import Catalog, Product
 
 SEP = " [SEP] "
 SEARCH, RESULTS, ITEM, DETAIL, DONE = "search", "results", "item", "detail", "done"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from rapidfuzz import fuzz, utils
 
-from orsd.envs.webshop_catalog import Goal, Product
-from orsd.envs.webshop_vocab import COLOR_SET
+from orsd.envs.webshop.catalog import Goal, Product
+from orsd.envs.webshop.vocab import COLOR_SET
 
 #: a fuzzy similarity strictly above this (0–100 scale) counts as a match
 FUZZY_THRESHOLD = 85

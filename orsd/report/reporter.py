@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import report_html
+from . import html as report_html
 
 #: rows of curves.png: (steps.jsonl key, y-axis label); the first is the paper's Figure 3
 CURVE_METRICS = (("reward_mean", "training reward"), ("success_rate", "success rate"),
@@ -116,9 +116,7 @@ def _config_dict(config) -> dict | None:
     if config is None or isinstance(config, dict):
         return config
     if dataclasses.is_dataclass(config):
-        from .config import to_dict
-
-        return to_dict(config)
+        return dataclasses.asdict(config)
     raise TypeError(f"config: expected a Config dataclass, a dict or None, got {type(config).__name__}")
 
 
@@ -155,12 +153,12 @@ def iter_jsonl(path: str | Path):
 
 
 def run_info(run_dir: str | Path) -> tuple[str, str]:
-    """(label, env) of a run from its config.yaml: "ORSD"/"GRPO"/the ablation's mode, and env.name."""
+    """(label, env) of a run from its config.yaml: "ORSD"/"GRPO"/the method's name, and env.name."""
     run_dir = _existing_dir(run_dir, "run_dir")
     path = run_dir / "config.yaml"
     config = yaml.safe_load(path.read_text()) if path.exists() else None
     config = config if isinstance(config, dict) else {}
-    mode = (config.get("rubric") or {}).get("mode")
+    mode = (config.get("method") or {}).get("name") or (config.get("rubric") or {}).get("mode")  # old runs
     env = (config.get("env") or {}).get("name") or ""
     label = {"orsd": "ORSD", "grpo": "GRPO"}.get(mode, mode or run_dir.name)
     return str(label), str(env)

@@ -14,7 +14,7 @@ import string
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orsd.envs import webshop_vocab as vocab
+from orsd.envs.webshop import vocab
 
 SPLITS = ("train", "dev", "test")
 #: WebShop draws price bounds from multiples of 10 (its PRICE_RANGE)

@@ -1,0 +1,27 @@
+"""Training methods as plug-ins of one step: `make_method(config)` builds the object that decides
+what the step does (see base.Method). Add a method by subclassing Method and listing it here."""
+
+from __future__ import annotations
+
+from .base import Advantages, Candidates, Method
+from .orsd import ORSD, OfflineRubric, RandomBundle, SingleBundle
+
+#: method.name -> class; the one place a method's name is looked at
+METHODS: dict[str, type[Method]] = {
+    "orsd": ORSD,
+    "grpo": Method,
+    "offline_rubric": OfflineRubric,
+    "single_bundle": SingleBundle,
+    "random_bundle": RandomBundle,
+}
+
+
+def make_method(config) -> Method:
+    try:
+        cls = METHODS[config.method.name]
+    except KeyError:
+        raise ValueError(f"method.name={config.method.name!r} is unknown: expected one of {sorted(METHODS)}") from None
+    return cls(config)
+
+
+__all__ = ["METHODS", "Advantages", "Candidates", "Method", "make_method"]

@@ -1,0 +1,96 @@
+"""Every factory of a run, from its config: the trainer with its policy, reference, env, engine
+and verifier (`build`), and each of those on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orsd import envs, rubric
+from orsd.methods import make_method
+
+
+def build_verifier(config, frozen_model, tokenizer):
+    """A real endpoint when one is configured, else a frozen local model (the reference copy of the
+    initial policy; no second copy is made)."""
+    v = config.verifier
+    kind = v.kind if v.kind != "auto" else ("openai" if v.base_url else "local")
+    if kind == "openai":
+        return rubric.OpenAIVerifier(
+            v.base_url, v.model, api_key_env=v.api_key_env or None, concurrency=v.concurrency,
+            max_retries=v.max_retries, timeout=v.timeout_seconds, cache_dir=v.cache_dir or None,
+            mode=v.granularity, scoring=v.scoring, max_tokens=v.max_new_tokens, seed=config.train.seed)
+    return rubric.LocalVerifier(frozen_model, tokenizer, mode=v.granularity, scoring=v.scoring,
+                                max_new_tokens=v.max_new_tokens,
+                                max_prompt_tokens=config.rollout.max_context_tokens)
+
+
+def make_env(config):
+    options = dict(config.env.options)
+    if config.env.max_actions:
+        options.setdefault("max_actions", config.env.max_actions)
+    return envs.make(config.env.name, split=config.env.split, seed=config.env.seed, **options)
+
+
+def build(config, run_dir=None, resume_from=None, log=print):
+    """Policy, tokenizer, env, (warm start), frozen reference, verifier and trainer from a config.
+
+    On resume the policy comes from the checkpoint and the reference from checkpoints/reference
+    (saved when a warm start made it differ from `model.path`); the warm start is not redone.
+    """
+    import torch
+
+    from orsd.train import distributed
+    from orsd.train.model import frozen_copy, load_policy, load_tokenizer
+    from orsd.train.trainer import Trainer
+    from orsd.train.warmstart import run_warm_start
+
+    torch.manual_seed(config.train.seed)
+    dist = distributed.setup(config)
+    m = config.model
+    device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
+    tokenizer = load_tokenizer(m.path)
+    policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
+    env = make_env(config)
+    warm_losses = []
+    reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
+    if resume_from is not None:
+        source = reference_dir if reference_dir and reference_dir.exists() else m.path
+        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed))
+    else:
+        if config.warm_start.enabled:
+            warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
+            if reference_dir is not None and (dist is None or dist.is_main):
+                policy.save_pretrained(reference_dir)
+                tokenizer.save_pretrained(reference_dir)
+        reference = frozen_copy(policy)  # π_ref: the policy as RL starts (after any warm start)
+    if m.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
+    engine = build_engine(config, policy, tokenizer, run_dir, dist)
+    ds_engine = distributed.wrap(policy, config) if dist else None
+    trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
+                      ds_engine=ds_engine)
+    return trainer, warm_losses
+
+
+def build_engine(config, policy, tokenizer, run_dir, dist=None):
+    """`hf` generates with the live policy; `vllm` starts from a saved copy of the current policy
+    and is pushed the new weights after every update."""
+    from orsd.engines.hf import HfEngine
+
+    r = config.rollout
+    if r.engine == "hf":
+        return HfEngine(policy, tokenizer, r.batch_size)
+    from orsd.engines.vllm import VllmEngine
+
+    start = Path(run_dir or ".") / "checkpoints" / "vllm_start"
+    if dist is None or dist.is_main:
+        policy.save_pretrained(start)
+        tokenizer.save_pretrained(start)
+    if dist is not None:
+        dist.barrier()
+    on_cpu = next(policy.parameters()).device.type == "cpu"
+    return VllmEngine(str(start), tokenizer, dtype=r.vllm_dtype, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                      max_model_len=r.max_context_tokens + r.max_new_tokens, seed=config.train.seed,
+                      sync_timeout_seconds=r.sync_timeout_seconds, enforce_eager=r.vllm_enforce_eager or on_cpu,
+                      bucket_mb=r.vllm_bucket_mb)
