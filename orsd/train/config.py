@@ -8,6 +8,7 @@ key or a value of the wrong type is an error naming the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +21,44 @@ import yaml
 RENAMED = {"rubric.mode": "method.name", "verifier.mode": "verifier.granularity"}
 
 
-def doc(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its help text (kept next to the default it documents)."""
+@dataclass(frozen=True)
+class Allowed:
+    """What values a field accepts, declared next to its default and help: `choices`, and bounds
+    `ge`/`gt`/`le`/`lt` (a number; applied to each element of a list). Numbers must be finite."""
+
+    choices: tuple = ()
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, list):
+            return all(self.accepts(v) for v in value)
+        if self.choices and value not in self.choices:
+            return False
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                return False
+            return not ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
+                        or (self.le is not None and value > self.le) or (self.lt is not None and value >= self.lt))
+        return True
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + " | ".join(repr(c) if c == "" else str(c) for c in self.choices)
+        bounds = [f"{op} {bound:g}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+                  if bound is not None]
+        return "a finite number" + (" " + " and ".join(bounds) if bounds else "")
+
+
+def doc(default: Any, help: str, *, choices: tuple = (), ge: float | None = None, gt: float | None = None,
+        le: float | None = None, lt: float | None = None, **kw: Any) -> Any:
+    """A dataclass field with its help text and allowed values (kept next to the default)."""
+    metadata = {"help": help, "allowed": Allowed(tuple(choices), ge, gt, le, lt)}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
 
 
 @dataclass
@@ -127,9 +161,10 @@ class OptimConfig:
     adv_eps: float = doc(1e-6, "GRPO: epsilon added to the std")
     micro_batch_tokens: int = doc(8192, "tokens (padded) per micro-batch of the update, when micro_batch_size is 0")
     micro_batch_size: int = doc(0, "turn records per micro-batch per rank, the paper's unit (Table 4: WebShop 1, "
-                                "ALFWorld 2); 0 = pack records up to micro_batch_tokens instead")
+                                "ALFWorld 2); 0 = pack records up to micro_batch_tokens instead", ge=0)
     old_logprobs: str = doc("replay", "pi_old of the PPO ratio: replay (recomputed by the trainer before the "
-                            "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)")
+                            "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)",
+                            choices=("replay", "rollout"))
 
 
 @dataclass
@@ -187,7 +222,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "Config":
-        """Cross-field checks that the types alone cannot express."""
+        """Every field against its declared `Allowed`, then cross-field checks."""
+        for section in dataclasses.fields(self):
+            sub = getattr(self, section.name)
+            for f in dataclasses.fields(sub):
+                allowed = f.metadata.get("allowed")
+                value = getattr(sub, f.name)
+                if allowed is not None and not allowed.accepts(value):
+                    raise ConfigError(f"{section.name}.{f.name}={value!r} is invalid: expected {allowed.describe()}")
         checks = [
             ("method.name", self.method.name in method_names(), f"one of {method_names()}"),
             ("env.name", self.env.name in ("webshop", "alfworld"), "webshop | alfworld"),
@@ -216,8 +258,6 @@ class Config:
              "0 (off) or a number > 1"),
             ("optim.betas", len(self.optim.betas) == 2, "a list of two numbers"),
             ("optim.micro_batch_tokens", self.optim.micro_batch_tokens >= 1, "an integer >= 1"),
-            ("optim.micro_batch_size", self.optim.micro_batch_size >= 0, "an integer >= 0 (0 = token budget)"),
-            ("optim.old_logprobs", self.optim.old_logprobs in ("replay", "rollout"), "replay | rollout"),
             ("replay.token_budget", self.replay.token_budget >= 1, "an integer >= 1"),
             ("train.steps", self.train.steps >= 0, "an integer >= 0"),
             ("distributed.zero_stage", self.distributed.zero_stage in (0, 1, 2, 3), "0, 1, 2 or 3"),
