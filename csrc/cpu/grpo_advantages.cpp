@@ -1,4 +1,4 @@
-// GRPO group normalisation on CPU (paper Eq. 1's A_GRPO): three sequential f64 passes over the
+// GRPO group normalisation on CPU (paper Eq. 2's A_GRPO): three sequential f64 passes over the
 // rewards; N is a few thousand at most, so one thread is plenty.
 #include "orsd/grpo_advantages.h"
 

@@ -45,6 +45,17 @@ def test_ties_lowest_index_wins():
     assert result.index == 0
 
 
+def test_ulp_noise_in_rho_is_a_tie():
+    """Both bundles rank the rewards identically, but scipy returns ρ₀ = 0.9999999999999999 and
+    ρ₁ = 1.0: within the relative 1e-9 tolerance that is a tie, and the lowest index wins."""
+    rewards = np.array([3.0, 2.0, 1.0])
+    first, second = np.array([[np.nan], [0.6], [0.5]]), np.array([[0.9], [0.8], [0.5]])
+    result = align([first, second], rewards)
+    assert result.rho[0] != result.rho[1]  # the noise is real (this is the case that broke the rule)
+    assert result.rho == pytest.approx([1.0, 1.0], rel=1e-12)
+    assert result.index == 0
+
+
 def test_constant_rewards_give_no_bundle_and_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
