@@ -11,6 +11,7 @@ import os
 import torch
 
 from . import _backend, _checks, reference
+from .token_logprobs import nan_where_scaled_max_overflows
 
 DEFAULT_CHUNK_SIZE = 8192
 """Vocabulary columns per chunk when chunk_size is None."""
@@ -40,7 +41,7 @@ def _validate(hidden, weight, targets, mask, temperature, chunk_size):
     if mask is not None:
         mask = _checks.tensor("mask", mask, dtypes=(torch.bool,), ndim=1, device=device, device_of="hidden")
         _checks.length("mask", mask, num_tokens, "one flag per row of hidden")
-    temperature = _checks.real("temperature", temperature, positive=True)
+    temperature = _checks.temperature("temperature", temperature)
     if chunk_size is None:
         chunk_size = DEFAULT_CHUNK_SIZE
     chunk_size = _checks.integer("chunk_size", chunk_size, minimum=1)
@@ -109,8 +110,18 @@ def _cuda_has_f32_out(dtype: torch.dtype, device: torch.device) -> bool:
     return _cuda_out_dtype_cache[dtype]
 
 
+_CBLAS_INT_MAX = 2**31 - 1
+"""MKL's CBLAS (LP64) takes sizes as C int; ctypes would silently wrap anything larger."""
+
+
 def _gemm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """a @ b.T in f32 (into `out` on CPU)."""
+    if a.shape[1] == 0:
+        # H = 0: every logit is an empty sum, 0 (as in the reference's f32 matmul). MKL would be
+        # handed lda = 0, which it rejects without touching `out`, leaving it uninitialised.
+        if out is None:
+            return torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32, device=a.device)
+        return out.zero_()
     if a.dtype == torch.float32:
         return torch.mm(a, b.T, out=out) if out is not None else torch.mm(a, b.T)
     if a.is_cuda:
@@ -118,7 +129,8 @@ def _gemm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tor
             return torch.mm(a, b.T, out_dtype=torch.float32)
         return torch.mm(a.float(), b.float().T)
     function = _mkl_gemm(a.dtype)
-    if function is not None and out is not None:
+    fits_cblas = max(a.shape[0], a.shape[1], b.shape[0]) <= _CBLAS_INT_MAX
+    if function is not None and out is not None and fits_cblas:
         _call_mkl(function, a, b, out)
         return out
     return torch.mm(a.float(), b.float().T, out=out)
@@ -140,11 +152,13 @@ def fused_token_logprobs(
     hidden [T, H] and weight [V, H] (the LM head) share one dtype of f32/f16/bf16; targets [T]
     int64; mask [T] bool or None. chunk_size: vocabulary columns per chunk (default 8192); token
     rows per chunk keep a chunk at CHUNK_ELEMENTS f32 values. Masked rows are still multiplied
-    (pass only the rows you need). Returns lp [T] f32, or (lp, lse) when return_lse.
+    (pass only the rows you need). H = 0 is allowed (every logit 0: lp = -log V). temperature in
+    [1e-6, 3e38]. Returns lp [T] f32, or (lp, lse) when return_lse.
     """
     hidden, weight, targets, mask, temperature, chunk_size = _validate(
         hidden, weight, targets, mask, temperature, chunk_size
     )
+    return_lse = _checks.flag("return_lse", return_lse)
     num_tokens = hidden.shape[0]
     vocab_size = weight.shape[0]
     checks = _checks.ValueChecks()
@@ -160,10 +174,11 @@ def fused_token_logprobs(
 
     device = hidden.device
     out = torch.empty(num_tokens, dtype=torch.float32, device=device)
-    lse = torch.empty_like(out) if return_lse else None
+    lse = torch.empty_like(out)  # always: it flags the rows nan_where_scaled_max_overflows fixes
     if num_tokens > 0:
         with torch.no_grad():
             _run_chunks(kind, hidden, weight, targets, mask, temperature, chunk_size, out, lse)
+        nan_where_scaled_max_overflows(out, lse)
     return (out, lse) if return_lse else out
 
 
@@ -183,6 +198,12 @@ def _run_chunks(kind, hidden, weight, targets, mask, temperature, chunk_size, ou
         launch = _backend.cuda_launch_args(hidden)
         update, finalize = C.fused_lse_update_cuda, C.fused_lse_finalize_cuda
 
+    # At T > 1 the kernel's x - max (formed before the 1/T scaling) can overflow f32 where the
+    # reference's x / T - max / T does not (logits beyond +-1.7e38): divide each chunk by T in
+    # place instead (it is in cache, so nearly free) and run the kernel at T = 1, the reference's
+    # order. At T <= 1 such a difference overflows in the reference too.
+    prescale = temperature > 1.0
+    kernel_temperature = 1.0 if prescale else temperature
     # Vocabulary outermost: each weight chunk is read once, the (smaller) hidden once per chunk.
     for v0 in range(0, vocab_size, cols):
         w = weight[v0 : v0 + cols]
@@ -192,12 +213,14 @@ def _run_chunks(kind, hidden, weight, targets, mask, temperature, chunk_size, ou
                 None if buffer is None else buffer[: (t1 - t0) * w.shape[0]].view(t1 - t0, w.shape[0])
             )
             logits = _gemm_f32(hidden[t0:t1], w, target_buffer)
+            if prescale:
+                logits.div_(temperature)
             update(
                 logits.data_ptr(), t1 - t0, w.shape[0], v0, targets[t0:].data_ptr(),
-                0 if mask is None else mask[t0:].data_ptr(), temperature,
+                0 if mask is None else mask[t0:].data_ptr(), kernel_temperature,
                 state_max[t0:].data_ptr(), state_sum[t0:].data_ptr(), state_target[t0:].data_ptr(), *launch,
             )  # fmt: skip
     finalize(
-        num_tokens, _backend.ptr(mask), temperature, state_max.data_ptr(), state_sum.data_ptr(),
+        num_tokens, _backend.ptr(mask), kernel_temperature, state_max.data_ptr(), state_sum.data_ptr(),
         state_target.data_ptr(), out.data_ptr(), _backend.ptr(lse), *launch,
     )  # fmt: skip

@@ -13,8 +13,12 @@ def grpo_advantages(
     """A[i] = (r_i - mean_g) / (std_g + eps) over i's group g (sample std, n - 1), or r_i - mean_g
     when not norm_by_std; 0 for a group of one or a constant group.
 
-    rewards [N] f32 (finite), group_ids [N] int64 >= 0 (ids may skip numbers: empty groups are
-    fine). Statistics in f64, result [N] f32. One host sync on CUDA (checks + number of groups).
+    rewards [N] f32 (finite), group_ids [N] int64 >= 0: any such values, they only say which
+    rewards belong together (ids may skip numbers; sparse ids such as hashes up to 2^63 - 1 are
+    renumbered 0..G-1 first, at the cost of a sort and one more host sync). Negative ids are
+    refused: -1 and -100 are the usual padding markers, and pooling every padded entry into one
+    "group" would normalise unrelated trajectories against each other without a word.
+    Statistics in f64, result [N] f32. One host sync on CUDA (checks + largest id).
     """
     rewards = _checks.tensor("rewards", rewards, dtypes=(torch.float32,), ndim=1)
     device = rewards.device
@@ -23,18 +27,30 @@ def grpo_advantages(
     )
     _checks.length("group_ids", group_ids, rewards.shape[0], "one group id per reward")
     eps = _checks.real("eps", eps, nonnegative=True)
-    if not isinstance(norm_by_std, bool):
-        raise ValueError(f"norm_by_std: expected a bool, got {norm_by_std!r}")
+    norm_by_std = _checks.flag("norm_by_std", norm_by_std)
     n = rewards.shape[0]
     if n == 0:
         return torch.zeros(0, dtype=torch.float32, device=device)
 
     checks = _checks.ValueChecks()
-    checks.out_of_range("group_ids", group_ids, 0, 2**62, note=" (a non-negative group id)")
+    negative = group_ids < 0
+    checks.add(
+        negative,
+        lambda: _checks.first_bad(
+            "group_ids", group_ids, negative, "a group id >= 0 (negative ids mean padding, not a group)"
+        ),
+    )
     not_finite = ~torch.isfinite(rewards)
     checks.add(not_finite, lambda: _checks.first_bad("rewards", rewards, not_finite, "a finite reward"))
     (max_group,) = checks.run(fetch=[group_ids.max()])
-    num_groups = max_group + 1
+    if max_group >= n:
+        # The kernels keep statistics for every id up to the largest (3 f64 per id on CPU, one
+        # block per id on CUDA): with ids near 2^40 that is terabytes. N rewards have at most N
+        # distinct groups, so renumber them densely; the result does not depend on the labels.
+        distinct, group_ids = torch.unique(group_ids, return_inverse=True)
+        num_groups = distinct.shape[0]
+    else:
+        num_groups = max_group + 1
 
     kind = _backend.native_kind(device)
     if kind is None:

@@ -24,7 +24,8 @@ def shape_advantages(
     0 off the response; delta is 0 where not valid.
 
     lp_plain [L] f32, lp_rubric [L'] f32, pos_map [L] int64 in [0, L'), response_mask [L] bool,
-    seq_ids [L] int64 in [0, S), seq_adv [S] f32, alpha finite, eligible [S] bool.
+    seq_ids [L] int64 in [0, S), seq_adv [S] f32, alpha finite as an f32 (|alpha| <= 3.4e38),
+    eligible [S] bool.
     Returns (adv [L] f32, delta [L] f32, valid [L] bool). One host sync on CUDA (range checks).
     """
     lp_plain = _checks.tensor("lp_plain", lp_plain, dtypes=(torch.float32,), ndim=1)
@@ -39,7 +40,7 @@ def shape_advantages(
     seq_ids = same_device("seq_ids", seq_ids, torch.int64)
     seq_adv = same_device("seq_adv", seq_adv, torch.float32)
     eligible = same_device("eligible", eligible, torch.bool)
-    alpha = _checks.real("alpha", alpha)
+    alpha = _checks.real("alpha", alpha, f32=True)  # the kernels take alpha as an f32
     length = lp_plain.shape[0]
     for name, value in (("pos_map", pos_map), ("response_mask", response_mask), ("seq_ids", seq_ids)):
         _checks.length(name, value, length, "one entry per position of lp_plain")

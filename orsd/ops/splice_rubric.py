@@ -13,7 +13,12 @@ _ID_DTYPES = (torch.int64, torch.int32)
 def _check_offsets(
     checks: _checks.ValueChecks, name: str, offsets: torch.Tensor, total: int, what: str
 ) -> None:
-    """offsets must start at 0, never decrease and end at `total`."""
+    """offsets must start at 0, end at `total`, lie in [0, total] and never decrease.
+
+    Everything compares values, never differences: offsets[i+1] - offsets[i] wraps around in
+    int64 for offsets such as INT64_MAX followed by INT64_MIN, and a wrapped "positive" step once
+    let a pointer far outside the buffer through to the kernel.
+    """
     first_last = torch.stack([offsets[0], offsets[-1]])
     expected_ends = torch.tensor([0, total], device=offsets.device)
     bad_ends = first_last != expected_ends
@@ -22,14 +27,17 @@ def _check_offsets(
         lambda: f"{name}: starts at {int(offsets[0])} and ends at {int(offsets[-1])}; "
         f"expected 0 and {total} (the length of {what})",
     )
-    steps = offsets[1:] - offsets[:-1]
-    decreasing = steps < 0
+    decreasing = torch.zeros_like(offsets, dtype=torch.bool)
+    torch.lt(offsets[1:], offsets[:-1], out=decreasing[1:])
     checks.add(
         decreasing,
         lambda: _checks.first_bad(
-            f"{name} (step {name}[i+1] - {name}[i])", steps, decreasing, "a non-decreasing sequence"
+            name, offsets, decreasing, f"a non-decreasing sequence (>= {name}[i-1], the offset before it)"
         ),
     )
+    # Implied by the two checks above; stated anyway so the bound the kernel relies on is explicit
+    # (one min/max over S + 1 values).
+    checks.out_of_range(name, offsets, 0, total + 1, note=f" (an offset into {what}, at most {total})")
 
 
 def splice_rubric(
