@@ -20,6 +20,16 @@ else:
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 _warned_reference = False
+#: device kinds whose native kernels failed the self-check and were set aside (kind -> why)
+_distrusted: dict[str, str] = {}
+
+
+def distrust(kind: str, reason: str) -> None:
+    """Route every op on `kind` ("cpu" | "cuda") tensors to the torch reference from now on, because
+    its kernels disagreed with the reference (the run asked for the fallback, see orsd.train.build)."""
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"kind: expected 'cpu' or 'cuda', got {kind!r}")
+    _distrusted[kind] = reason
 
 
 def backend() -> dict[str, str]:
@@ -34,6 +44,8 @@ def backend() -> dict[str, str]:
     if _C is None:
         return {"cpu": "absent", "cuda": "absent", "cpu_isa": "", "cuda_detail": str(_IMPORT_ERROR)}
     report = {"cpu": "native", "cpu_isa": _C.cpu_isa()}
+    if _distrusted:  # set aside after a failed self-check: those tensors use the reference
+        report["distrusted"] = dict(_distrusted)
     if not _C.cuda_compiled():
         report.update(cuda="absent", cuda_detail="built without CUDA kernels")
         return report
@@ -54,7 +66,7 @@ def _cuda_kernels_usable() -> bool:
 
 def native_kind(device: torch.device) -> str | None:
     """Return "cpu" or "cuda" when a native kernel serves tensors on `device`, else None."""
-    if _C is None:
+    if _C is None or device.type in _distrusted:
         return None
     if device.type == "cpu":
         return "cpu"
@@ -69,7 +81,9 @@ def warn_reference(op: str) -> None:
     if _warned_reference:
         return
     _warned_reference = True
-    if _C is None:
+    if _distrusted:
+        reason = "the native kernels failed the self-check (" + "; ".join(_distrusted.values()) + ")"
+    elif _C is None:
         reason = "orsd._C could not be imported"
     elif not _C.cuda_compiled():
         reason = "it was built without CUDA kernels"

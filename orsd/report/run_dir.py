@@ -58,19 +58,26 @@ class RunDir:
             os.close(fd)
 
     def read(self, name: str) -> list[dict]:
+        """The records of a JSONL file. A last line without its newline is a write cut short by a
+        kill (a write of a large line can stop part way on SIGKILL or a full disk): not a record."""
         path = self.path / name
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        complete = path.read_bytes().rpartition(b"\n")[0].decode()  # a cut may split a UTF-8 character
+        return [json.loads(line) for line in complete.split("\n") if line.strip()]
 
     def truncate_after(self, step: int) -> None:
         """Drop JSONL records of steps after `step` (written by a run killed before its next
-        checkpoint), so a resumed run's records match an unbroken run's."""
+        checkpoint), and any torn last line, so a resumed run's records match an unbroken run's."""
         for name in ("steps.jsonl", "groups.jsonl", "eval.jsonl") if self.writer else ():
+            path = self.path / name
+            if not path.exists():
+                continue
             rows = self.read(name)
             kept = [r for r in rows if r.get("step", 0) <= step]
-            if len(kept) != len(rows):
-                atomic_write(self.path / name, "".join(json.dumps(r) + "\n" for r in kept))
+            torn = path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+            if len(kept) != len(rows) or torn:
+                atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def atomic_write(path: Path, text: str) -> None:

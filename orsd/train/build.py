@@ -50,6 +50,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
     tokenizer = load_tokenizer(m.path)
     policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
+    ops_check = check_ops(next(policy.parameters()).device, m.ops_self_check, log)
     env = make_env(config)
     warm_losses = []
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
@@ -70,7 +71,39 @@ def build(config, run_dir=None, resume_from=None, log=print):
     ds_engine = distributed.wrap(policy, config) if dist else None
     trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
                       ds_engine=ds_engine)
+    trainer.environment["ops_self_check"] = ops_check
     return trainer, warm_losses
+
+
+def check_ops(device, on_failure: str, log=print, ops=None) -> dict:
+    """Run every op's self-check on the run's device before the run trusts its kernels (a kernel
+    miscompiled for this GPU would silently corrupt Δ and the update). On a mismatch: "error" stops
+    the run with the report; "fallback" sets the device's kernels aside (the torch reference runs
+    every op from then on) and says so loudly; "off" skips the check. `ops` replaces the ops under
+    test (tests hand in a deliberately wrong one)."""
+    import warnings
+
+    from orsd import ops as orsd_ops
+    from orsd.ops.selfcheck import SelfCheckError, self_check
+
+    if on_failure == "off":
+        return {"skipped": "model.ops_self_check=off"}
+    results = self_check(device, ops)
+    failed = {name: r for name, r in results.items() if not r["ok"]}
+    report = {"device": str(device), "ok": not failed, "ops": results}
+    if not failed:
+        log(f"ops self-check on {device}: {len(results)} ops agree with the reference")
+        return report
+    error = SelfCheckError(device, results)
+    if on_failure == "error":
+        raise SystemExit(f"orsd-train: {error}\n(model.ops_self_check=fallback runs the torch reference "
+                         f"ops instead; please report this with the output of orsd-doctor)")
+    orsd_ops._backend.distrust(device.type, f"{sorted(failed)} disagreed on {device}")
+    warnings.warn(f"{error}\nFALLING BACK to the torch reference ops on {device.type} for the whole run "
+                  f"(model.ops_self_check=fallback): correct but slower", RuntimeWarning, stacklevel=2)
+    log(f"ops self-check FAILED on {device}: {sorted(failed)}; using the torch reference ops")
+    report["fallback"] = True
+    return report
 
 
 def build_engine(config, policy, tokenizer, run_dir, dist=None):

@@ -6,13 +6,17 @@ offline rubric's bundles).
 Each is written into `step_<k>.tmp` and renamed into place, so a directory named `step_<k>`
 is always complete; only the last `keep` are kept. The frozen reference (the policy as RL began)
 is saved once as checkpoints/reference/ when it differs from `model.path` (after a warm start).
+
+`kill_point` is a test hook for tests/train/test_kill_resume.py (see there).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +40,25 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def step_of(path: Path) -> int:
+    """The step a checkpoint directory holds (step_<k> -> k)."""
+    return int(STEP_DIR.match(Path(path).name).group(1))
+
+
+#: test hook: "<stage>:<step>" makes the process SIGKILL itself on reaching that point of that step
+KILL_AT = "ORSD_TEST_KILL_AT"
+
+
+def kill_point(stage: str, step: int) -> None:
+    """TEST HOOK, the one reader of ORSD_TEST_KILL_AT (unset in real runs: a dictionary lookup).
+    Stages are the trainer's timed no-grad stages (rollout, bundles, verifier, replay, ... as named
+    in steps.jsonl "seconds"), `update`, and `checkpoint` (inside a checkpoint write: weights in
+    step_<k>.tmp, the trainer state not yet); steps are numbered as in steps.jsonl and step_<k>.
+    SIGKILL, like the OOM killer or a pre-empted node: no handler, finally block or atexit runs."""
+    if os.environ.get(KILL_AT) == f"{stage}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def save(trainer, run_dir: Path, keep: int) -> Path:
     """Write checkpoints/step_<k> atomically, then drop all but the newest `keep`. Under DeepSpeed
     every rank calls this (gathering shards, writing its optimizer partition); rank 0 renames."""
@@ -48,6 +71,7 @@ def save(trainer, run_dir: Path, keep: int) -> Path:
         tmp.mkdir(parents=True)
     _barrier(trainer)
     trainer.save_policy(tmp)
+    kill_point("checkpoint", trainer.step_index)
     if trainer.ds_engine is not None:  # optimizer partitions and scheduler, one file per rank
         trainer.ds_engine.save_checkpoint(str(tmp / "deepspeed"), tag="state")
     if main:

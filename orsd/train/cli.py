@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import resource
+import socket
 import sys
+import threading
 import time
+import urllib.parse
 from pathlib import Path
 
-from .config import ConfigError, field_docs, load_config, to_yaml
+from .config import ConfigError, field_docs, load_config, resumable_keys, to_dict, to_yaml
+
+
+class RunError(Exception):
+    """The run cannot start as asked (the run directory, a resumed config, the verifier endpoint);
+    the message says why and what to do."""
 
 
 def parse_args(argv: list[str] | None):
@@ -20,10 +26,12 @@ def parse_args(argv: list[str] | None):
                     "With no arguments: the embedded CPU default (SmolLM2-135M on the offline shop).",
         epilog="overrides: section.key=value (YAML values), e.g. rubric.num_bundles=2 method.name=grpo. "
                "All keys: orsd-train --help-config, or docs/config.md.")
-    parser.add_argument("--config", help="YAML config (a preset from configs/, or your own)")
+    parser.add_argument("--config", help="YAML config (a preset from configs/, or your own); with --resume it is "
+                                         "layered on the run's own config.yaml")
     parser.add_argument("--run-dir", help="run directory (default runs/<train.run_name>)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --run-dir from its last checkpoint (same results as unbroken)")
+                        help="continue the run in --run-dir from its last checkpoint with the run's own config.yaml "
+                             "(same results as unbroken); overrides may change only the keys marked resume")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved, validated config and exit")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its default")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
@@ -33,43 +41,74 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.help_config:
-        for key, type_name, default, help_text in field_docs():
-            print(f"{key} ({type_name}, default {default!r}): {help_text}")
+        for row in field_docs():
+            print(f"{row.key} ({row.type}, default {row.default!r}, allowed: {row.allowed}): {row.help}")
         return 0
     try:
-        config = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as error:
-        print(f"orsd-train: config error: {error}", file=sys.stderr)
+        config = resolve_config(args.config, args.overrides, args.run_dir, args.resume)
+    except ConfigError as error:
+        print(f"orsd-train: config error: {one_line(error)}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(to_yaml(config), end="")
         return 0
-    summary = run(config, args.run_dir, resume=args.resume)
-    print(format_summary(summary))
+    try:
+        summary = run(config, args.run_dir, resume=args.resume)
+    except RunError as error:
+        print(f"orsd-train: {one_line(error)}", file=sys.stderr)
+        return 2
+    if summary is not None:
+        print(format_summary(summary))
     return 0
 
 
-def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> dict:
+def one_line(error: Exception) -> str:
+    return " ".join(str(error).splitlines())
+
+
+def run_path(config, run_dir: str | Path | None = None) -> Path:
+    return Path(run_dir) if run_dir else Path("runs") / config.train.run_name
+
+
+def resolve_config(config_path: str | None, overrides: list[str], run_dir: str | None = None, resume: bool = False):
+    """The config to run. On resume: the run's own config.yaml, with --config and the overrides layered
+    on top (run() then refuses any change that would make the results differ from an unbroken run)."""
+    if not resume:
+        return load_config(config_path, overrides)
+    path = Path(run_dir) if run_dir else run_path(load_config(config_path, overrides))
+    saved = path / "config.yaml"
+    return load_config(config_path, overrides, base=saved if saved.is_file() else None)
+
+
+def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> dict | None:
     """Train for `train.steps` steps (continuing from the last checkpoint when `resume`); returns the
-    summary, also appended to summary.jsonl."""
+    summary, also appended to summary.jsonl, or None when a resumed run was already complete (then
+    nothing in its directory is touched)."""
     from orsd.report.reporter import Reporter, write_report
     from orsd.report.run_dir import RunDir
     from orsd.train import checkpoint
     from orsd.train.build import build
-    from orsd.train.config import to_dict
     from orsd.train.distributed import launch_env
 
     started = time.perf_counter()
     main_rank = launch_env()[0] == 0  # only rank 0 writes the run directory and talks
     log = log if main_rank else (lambda *_: None)
-    out = RunDir(run_dir or Path("runs") / config.train.run_name, writer=main_rank)
-    resume_from = checkpoint.latest(out.path) if resume else None
-    if resume_from is None and out.read("steps.jsonl"):
-        raise SystemExit(f"orsd-train: {out.path} already holds a run; pass --resume to continue it "
-                         f"or --run-dir for a new one")
+    path = run_path(config, run_dir)
+    if resume:
+        resume_from = resumable_checkpoint(path, config, log)
+        done = checkpoint.step_of(resume_from)
+        if done >= config.train.steps:
+            log(f"orsd-train: {path} is complete: {done} steps done (train.steps={config.train.steps}), "
+                f"last checkpoint {resume_from}; nothing to do (to train longer: --resume train.steps=N)")
+            return None
+    else:
+        refuse_existing_run(path)
+        resume_from = None
+    check_verifier_reachable(config)
+    out = RunDir(path, writer=main_rank)
     out.write_config(to_dict(config))
-    out.write_environment(config.train.seed)
     trainer, warm_losses = build(config, out.path, resume_from, log)
+    out.write_environment(config.train.seed, trainer.environment)  # versions + what build decided
     if resume_from is not None:
         checkpoint.restore(trainer, resume_from)
         out.truncate_after(trainer.step_index)  # drop records of steps the checkpoint does not hold
@@ -87,6 +126,94 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     if t.report and main_rank:
         log(f"report: {write_report(out.path)}")
     return summary
+
+
+def steps_recorded(path: Path) -> int:
+    steps = path / "steps.jsonl"
+    return steps.read_bytes().count(b"\n") if steps.is_file() else 0  # one line per step
+
+
+def refuse_existing_run(path: Path) -> None:
+    """A fresh run never writes into another run's directory (mixing two runs' records)."""
+    from orsd.train import checkpoint
+
+    last, recorded = checkpoint.latest(path), steps_recorded(path)
+    if last is not None:
+        raise RunError(f"{path} already holds a run (last checkpoint {last.name}): pass --resume to continue it, "
+                       f"or --run-dir for a new one")
+    if recorded:
+        raise RunError(f"{path} already holds a run ({recorded} steps recorded) with no checkpoint to resume from: "
+                       f"use a new --run-dir, or remove {path}")
+
+
+def resumable_checkpoint(path: Path, config, log) -> Path:
+    """The checkpoint --resume continues from, after checking that the config differs from the run's
+    own config.yaml only in keys that do not change results; the changed keys are logged."""
+    from orsd.train import checkpoint
+
+    saved = path / "config.yaml"
+    if not saved.is_file():
+        raise RunError(f"--resume: {path} holds no run (no config.yaml): start one without --resume")
+    last = checkpoint.latest(path)
+    if last is None:
+        raise RunError(f"--resume: {path} has no checkpoint to resume from ({steps_recorded(path)} steps recorded "
+                       f"before it stopped; checkpoints are written every train.save_every steps and at the end). "
+                       f"Start fresh with a new --run-dir, or remove {path} and run again without --resume")
+    try:
+        before = _flat(to_dict(load_config(base=saved)))
+    except ConfigError as error:
+        raise RunError(f"--resume: the run's own config cannot be read: {error}") from None
+    after, allowed = _flat(to_dict(config)), resumable_keys()
+    changed = [(key, before.get(key), after[key]) for key in after if before.get(key) != after[key]]
+    refused = [change for change in changed if change[0] not in allowed]
+    if refused:
+        what = "; ".join(f"{key} was {old!r} in {saved}, now {new!r}" for key, old, new in refused)
+        raise RunError(f"--resume: {what}. A resumed run gives an unbroken run's results only with its own config; "
+                       f"keys that may change: {', '.join(sorted(allowed))}")
+    for key, old, new in changed:
+        log(f"resume: {key} changed from {old!r} to {new!r}")
+    return last
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and not prefix:  # sections; dict-valued keys (env.options) compare whole
+            flat.update(_flat(value, f"{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def check_verifier_reachable(config, seconds: float = 2.0) -> None:
+    """Before any rollout, can a TCP connection be made to the verifier endpoint? Otherwise a run
+    would spend its first step's rollouts and then score nothing. Only for an openai verifier the
+    method calls, skipped with verifier.check_reachable=false; no request is sent (no key travels), and
+    the whole probe, name lookup included, is given `seconds`."""
+    from orsd.methods import make_method
+
+    v = config.verifier
+    openai = v.kind == "openai" or (v.kind == "auto" and bool(v.base_url))
+    if not (v.check_reachable and openai and make_method(config).calls_verifier):
+        return
+    url = urllib.parse.urlsplit(v.base_url)
+    address = (url.hostname, url.port or (443 if url.scheme == "https" else 80))
+    outcome: dict = {}
+
+    def probe():
+        try:
+            socket.create_connection(address, timeout=seconds).close()
+            outcome["ok"] = True
+        except OSError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo ignores socket timeouts
+    thread.start()
+    thread.join(seconds)
+    if not outcome.get("ok"):
+        why = outcome.get("error") or f"no connection within {seconds:g} s"
+        raise RunError(f"verifier.base_url={v.base_url!r} is unreachable ({why}): start the server or fix the URL, "
+                       f"or set verifier.check_reachable=false if it comes up later")
 
 
 def train_loop(config, trainer, out, reporter, log, started):

@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, [*args.overrides, f"model.path={args.checkpoint}"])
-    except (ConfigError, FileNotFoundError) as error:
-        print(f"orsd-eval: config error: {error}", file=sys.stderr)
+    except ConfigError as error:
+        print(f"orsd-eval: config error: {' '.join(str(error).splitlines())}", file=sys.stderr)
         return 2
     for name in ("tasks", "samples"):
         if getattr(args, name) < 0:

@@ -23,7 +23,9 @@ from orsd.envs.prompts import prompt_templates
 from orsd.methods import Advantages, make_method
 
 from . import bundles as stages
+from .checkpoint import kill_point
 from .config import Config
+from .distill import DistillTerm, Teacher, teacher_pass
 from .distributed import deepspeed_backward, gathered
 from .loss import update
 from .metrics import combine, tagged, values
@@ -51,6 +53,7 @@ class StepOutputs:
     scores: list  # per group: a VerifierResult per bundle, or None (not scored)
     selection: list  # per group: rubric.Alignment (ρ, satisfaction, index of B*, reason), or None
     replay: ReplayResult
+    teacher: Teacher | None = None  # the OPSD family's teacher view of the response tokens
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Trainer:
         self.initial_engine = None  # generation with the frozen initial policy (offline rubrics)
         self.task_rng = random.Random(config.train.seed)
         self.step_index = 0
+        self.environment: dict = {}  # what build decided (self-check, precision) for environment.json
         self.backward = self.optimizer_step = None
         if ds_engine is not None:
             self.backward = lambda loss, last: deepspeed_backward(ds_engine, loss, last)
@@ -116,14 +120,18 @@ class Trainer:
         with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without, A = A_GRPO + α·e·Δ
             replay = self.paired_replay(groups, advantages, [
                 method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)])
+        with stage("teacher"):  # OPSD family: the privileged teacher on the same response tokens
+            teacher = (self.teacher(groups, advantages, candidates, scores, selection, replay)
+                       if method.distillation else None)
         with stage("reference"):
             reference = self.reference_logprobs(replay)
+        kill_point("update", self.step_index + 1)
         with timed(seconds, "update"):  # Eq. 11 reduced by Eq. 14; autocasts forwards only
-            update_metrics = self.update(replay, reference)
+            update_metrics = self.update(replay, reference, teacher)
         with timed(seconds, "sync"):
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
-        outputs = StepOutputs(advantages, candidates, scores, selection, replay)
+        outputs = StepOutputs(advantages, candidates, scores, selection, replay, teacher)
         records = self.group_records(groups, outputs)
         metrics = {**self.step_metrics(groups, outputs), **update_metrics}
         if self.dist is None:
@@ -138,6 +146,7 @@ class Trainer:
 
         @contextmanager
         def stage(name: str):
+            kill_point(name, self.step_index + 1)  # a test hook (checkpoint.kill_point)
             with timed(seconds, name), autocast(self.policy, self.config.model.autocast):
                 yield
 
@@ -203,18 +212,52 @@ class Trainer:
                                self.config.rollout.temperature, self.config.replay.token_budget,
                                self.config.replay.fused)  # the reference is a plain full copy per rank
 
-    def update(self, replay: ReplayResult, reference: torch.Tensor) -> dict:
+    def teacher(self, groups: list[Group], advantages: Advantages, candidates: list, scores: list, selection: list,
+                replay: ReplayResult) -> Teacher:
+        """The method's privileged text per turn, spliced at the rubric slot like B* (a turn whose
+        context would exceed the budget gets no teacher, as ORSD's e = 0), forwarded without grad
+        by π_old (the policy before this update) or the frozen reference."""
+        cfg, method = self.config, self.method
+        contexts = method.teacher_contexts(groups, advantages, candidates, scores, selection, self.step_index)
+        records, privileged, coef, ids_of = [], [], [], {}
+        for group, texts, group_coef in zip(groups, contexts.texts, contexts.coef):
+            for trajectory, turn_texts in zip(group.trajectories, texts):
+                for record, text in zip(trajectory.records, turn_texts):
+                    if text is not None and text not in ids_of:
+                        ids_of[text] = stages.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
+                    ids = ids_of[text] if text is not None else None
+                    fits = (ids is not None and record.rubric_slot >= 0
+                            and record.num_tokens + len(ids) <= cfg.rollout.max_context_tokens)
+                    records.append(record)
+                    privileged.append(ids if fits else None)
+                    coef.append(group_coef)
+        rollout_teacher = method.distillation.teacher == "rollout"
+        teacher = teacher_pass(self.policy if rollout_teacher else self.reference, replay.packed, records, privileged,
+                               coef, method.distillation, cfg.rollout.temperature, cfg.replay.token_budget,
+                               cfg.replay.fused, self.replay_lockstep if rollout_teacher else None)
+        taught = teacher.weight > 0
+        gap = (teacher.logprobs - replay.old_logprobs)[taught]
+        teacher.metrics = {**contexts.metrics,
+                           "teacher_token_fraction": (float(taught[replay.packed.response_mask].float().mean())
+                                                      if replay.packed.response_mask.any() else 0.0, "tokens"),
+                           "teacher_gap_mean": (float(gap.mean()) if len(gap) else 0.0, "tokens"),
+                           "teacher_stored_bytes": (teacher.stored_bytes, "sum")}
+        return teacher
+
+    def update(self, replay: ReplayResult, reference: torch.Tensor, teacher: Teacher | None = None) -> dict:
         o, p = self.config.optim, replay.packed
         if p.num_sequences == 0 and self.dist is None:
             return {}
         old = replay.old_logprobs if o.old_logprobs == "replay" else replay.rollout_logprobs
+        distill = (DistillTerm(self.method.distillation, teacher, self.config.rollout.temperature)
+                   if teacher is not None else None)
         return update(self.policy, self.optimizer, p, old, reference, replay.advantages,
                       temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
                       micro_batch_size=o.micro_batch_size, clip_eps=o.clip_eps, dual_clip=o.dual_clip,
                       log_ratio_clamp=o.log_ratio_clamp, kl_coef=o.kl_coef, grad_clip=o.grad_clip,
                       lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
                       scheduler=None if self.ds_engine is not None else self.scheduler,
-                      precision=self.config.model.autocast)
+                      precision=self.config.model.autocast, distill=distill)
 
     def save_policy(self, path) -> None:
         """An HF-loadable copy of the current policy; under ZeRO-3 all ranks gather, rank 0 writes."""
@@ -276,6 +319,10 @@ class Trainer:
         }
         if self.verifier is not None and hasattr(self.verifier, "stats"):
             metrics.update(tagged("counters", verifier=self.verifier.stats(reset=True)))  # this step's accounting
+        for name, (value, reduce) in self.method.step_metrics(groups).items():  # e.g. GiGPO's anchor share
+            metrics.update(tagged(reduce, **{name: value}))
+        for name, (value, reduce) in (out.teacher.metrics if out.teacher is not None else {}).items():
+            metrics.update(tagged(reduce, **{name: value}))
         return metrics
 
 

@@ -1,10 +1,17 @@
-"""Config loading: strict keys and types, dot-path overrides, the embedded default, --dry-run."""
+"""Config loading: strict keys and types, allowed values for every key, one-line errors with
+file:line for bad files, dot-path overrides, the embedded default, --dry-run."""
 
+import json
+import math
+import re
+import socket
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from orsd.train import cli
 from orsd.train.cli import main
 from orsd.train.config import Config, ConfigError, field_docs, load_config, to_yaml
 
@@ -82,7 +89,7 @@ def test_dry_run_reports_bad_key(capsys):
 def test_every_field_is_documented():
     rows = field_docs()
     assert len(rows) > 50
-    missing = [key for key, _, _, help_text in rows if not help_text.strip()]
+    missing = [row.key for row in rows if not row.help.strip()]
     assert not missing
 
 
@@ -125,3 +132,235 @@ def test_paper_presets_hold_the_papers_settings(preset):
     assert config.optim.old_logprobs == "rollout"
     twin = preset.with_name(preset.stem.rsplit("_", 1)[0] + ("_orsd" if preset.stem.endswith("grpo") else "_grpo") + ".yaml")
     assert twin.exists()
+
+
+# -- allowed values: every key -------------------------------------------------------------------
+
+#: a refused value for each key whose rule is a pattern or a rule in words (cross-field, files);
+#: keys with choices or bounds get theirs generated from the rule below
+BAD_BY_KEY = {
+    "model.path": [""],
+    "model.device": ["tpu", "cuda:", "cuda:x"],
+    "env.split": ["bogus", "valid_seen"],  # valid_seen is ALFWorld's, not the shop's
+    "env.eval_split": ["bogus"],
+    "env.options": [{1: "x"}],
+    "rubric.generation_template": ["/no/such/template.txt"],
+    "rubric.context_template": ["/no/such/template.txt"],
+    "method.rubric_file": ["/no/such/rubric.yaml"],
+    "verifier.base_url": ["notaurl", "ftp://host/v1", "http://", "http://host:99999/v1", "http://u:pw@host/v1"],
+    "verifier.model": [],  # refused only together with an openai endpoint: see EXTRA_OVERRIDES
+    "verifier.api_key_env": ["sk-0123456789abcdef", "MY KEY"],
+    "verifier.cache_dir": [__file__],  # a file, not a directory
+    "train.run_name": ["../outside", "", ".hidden", "a/b"],
+    "optim.dual_clip": [0.5],  # 0 (off) or > 1
+}
+#: settings refused only together (cross-field rules), on top of the embedded default
+EXTRA_OVERRIDES = {
+    "verifier.model": ["verifier.base_url=http://localhost:8000/v1", "verifier.model="],
+    "verifier.base_url": ["verifier.kind=openai"],
+    "rubric.no_repeat_ngram_size": ["rollout.engine=vllm"],  # the default run bans 4-grams: hf only
+    "distributed.zero_stage": ["distributed.zero_stage=3"],  # with rollout.engine=hf
+    "rollout.max_context_tokens": ["rollout.max_new_tokens=512", "rollout.max_context_tokens=512"],
+}
+
+
+def as_yaml(value) -> str:
+    """`value` as a YAML flow scalar for an override (JSON, plus YAML's spelling of NaN and infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if value != value else ".inf" if value > 0 else "-.inf"
+    if isinstance(value, list):
+        return "[" + ", ".join(as_yaml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{as_yaml(k)}: {as_yaml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+def bad_values(row) -> list:
+    """Values the declared rule of `row` refuses: just past each bound, a non-choice, non-finite
+    numbers, a list of the wrong length."""
+    rule, integer = row.rule, row.type == "int"
+    values = list(BAD_BY_KEY.get(row.key, []))
+    if rule.choices:
+        values.append(99 if integer else "not-a-choice")
+    step = 1 if integer else 1e-3
+    for bound, outside in ((rule.ge, -step), (rule.gt, 0), (rule.le, step), (rule.lt, 0)):
+        if bound is not None:
+            values.append(int(bound + outside) if integer else bound + outside)
+    if row.type == "float" or row.type == "list":
+        values += [float("nan"), float("inf"), float("-inf")]
+    if row.type == "list":
+        values = [[value, 0.5] for value in values] + [[0.5], [0.5, 0.5, 0.5]]
+    return values
+
+
+WRONG_TYPE = {"bool": "maybe", "int": "many", "float": "lots", "str": [1], "list": "x", "dict": 3}
+CASES = [(row.key, value) for row in field_docs() for value in bad_values(row)]
+
+
+def test_every_field_declares_its_allowed_values():
+    undeclared = [row.key for row in field_docs() if row.type != "bool" and not row.rule.declared]
+    assert not undeclared, "declare choices/bounds/pattern/text with doc(...)"
+    uncovered = [row.key for row in field_docs() if row.rule.declared and not bad_values(row)
+                 and row.key not in EXTRA_OVERRIDES]
+    assert not uncovered, "add a refused value to BAD_BY_KEY"
+
+
+@pytest.mark.parametrize("key, value", CASES, ids=[f"{k}={v!r}" for k, v in CASES])
+def test_a_value_outside_the_declared_rule_is_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [f"{key}={as_yaml(value)}"])
+    assert raised.value.key == key and f"{key}=" in str(raised.value), str(raised.value)
+    assert "is invalid: expected" in str(raised.value)
+
+
+@pytest.mark.parametrize("key", sorted(EXTRA_OVERRIDES))
+def test_cross_field_rules_name_the_key(key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(None, EXTRA_OVERRIDES[key])
+
+
+@pytest.mark.parametrize("row", field_docs(), ids=lambda row: row.key)
+def test_a_value_of_the_wrong_type_is_refused_naming_the_key(row):
+    with pytest.raises(ConfigError, match=re.escape(row.key) + ".*wrong type"):
+        load_config(None, [f"{row.key}={as_yaml(WRONG_TYPE[row.type])}"])
+
+
+def test_the_defaults_and_every_boundary_value_are_accepted():
+    load_config(None, ["optim.betas=[0.0, 0.999999]", "rubric.alpha=0", "optim.kl_coef=0", "optim.lr=0",
+                       "rollout.top_p=1", "train.save_every=0", "train.keep_checkpoints=0", "model.device=cuda:3",
+                       "verifier.api_key_env=MY_KEY_1", "verifier.base_url=https://api.example.com:8443/v1",
+                       "verifier.model=judge", "env.name=alfworld", "env.split=valid_seen", "train.seed=4294967295"])
+    Config().validate()
+
+
+def test_a_rejected_api_key_env_is_not_echoed():
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["verifier.api_key_env=sk-secret-0123456789"])
+    assert "sk-secret" not in str(raised.value) and "verifier.api_key_env" in str(raised.value)
+
+
+def test_a_password_in_base_url_is_masked_in_the_error():
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["verifier.base_url=http://user:hunter2@host/v1"])
+    assert "hunter2" not in str(raised.value) and "api_key_env" in str(raised.value)
+
+
+def test_transcript_floor_is_the_rubric_packages():
+    from orsd.rubric.transcript import MIN_TRANSCRIPT_CHARS
+
+    rule = next(row.rule for row in field_docs() if row.key == "rubric.transcript_chars")
+    assert rule.ge == MIN_TRANSCRIPT_CHARS
+
+
+#: the values found accepted in issue 12 (and their near relatives): each must stop at load
+ISSUE_12 = ["rubric.alpha=.nan", "rubric.alpha=.inf", "rubric.alpha=-.inf", "rubric.alpha=-0.01", "optim.lr=.inf",
+            "optim.lr=.nan", "optim.lr=-1e-6", "optim.kl_coef=.nan", "optim.kl_coef=-0.001",
+            "verifier.concurrency=0", "verifier.timeout_seconds=0", "verifier.timeout_seconds=.inf",
+            "rollout.batch_size=0", "rollout.max_context_tokens=-1", "rollout.max_new_tokens=0", "env.split=bogus",
+            "model.device=tpu", "verifier.base_url=notaurl", "optim.betas=[1.0, 0.999]", "optim.betas=[0.9, -0.1]",
+            "train.keep_checkpoints=-1", "train.save_every=-1", "optim.weight_decay=-0.01"]
+
+
+@pytest.mark.parametrize("override", ISSUE_12)
+def test_issue_12_values_are_one_line_errors_with_exit_code_2(override, capsys):
+    assert main(["--dry-run", override]) == 2
+    captured = capsys.readouterr()
+    key = override.split("=")[0]
+    assert captured.out == ""
+    assert re.fullmatch(rf"orsd-train: config error: command line: {re.escape(key)}=.* is invalid: expected .+\n",
+                        captured.err), captured.err
+
+
+def test_a_bad_value_in_a_file_names_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  name: webshop\nrubric:\n  num_bundles: 2\n  alpha: .nan\n")
+    assert main(["--config", str(path), "--dry-run"]) == 2
+    assert capsys.readouterr().err == (f"orsd-train: config error: {path}:5: rubric.alpha=nan is invalid: "
+                                       f"expected a finite number >= 0\n")
+
+
+# -- bad files and overrides: one line with file:line, exit code 2, never a traceback ---------------
+
+BAD_FILES = {
+    "unclosed bracket": (b"rubric: {alpha: [0.1\n", r":2: expected ',' or '\]'"),
+    "bad indent": (b"rubric:\n  alpha: 0.1\n num_bundles: 2\n", r":3: expected <block end>"),
+    "tab": (b"rubric:\n\talpha: 0.1\n", r":2: found character '\\t'.*spaces, not tabs"),
+    "python tag": (b"rubric: !!python/object/apply:os.system ['echo owned']\n",
+                   r":1: could not determine a constructor"),
+    "binary file": (bytes(range(256)) * 4, r":2: byte 0x80 is not UTF-8 text \(a binary file\?\)"),
+    "control characters": (b"rubric:\n  alpha: 0.1\x00\x01\n", r":2: control character U\+0000"),
+    "directory": (None, r": is a directory"),
+    "missing file": (..., r": no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+@pytest.mark.parametrize("program", ["orsd-train", "orsd-eval"])
+def test_a_bad_config_file_is_one_line_with_file_and_line(case, program, tmp_path, capsys):
+    content, expected = BAD_FILES[case]
+    path = tmp_path / "bad.yaml"
+    if content is None:
+        path.mkdir()
+    elif content is not ...:
+        path.write_bytes(content)
+    if program == "orsd-train":
+        assert main(["--config", str(path), "--dry-run"]) == 2
+    else:
+        assert cli.eval_main([str(tmp_path / "no-checkpoint"), "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.match(rf"{program}: config error: {re.escape(str(path))}{expected}", err), err
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("rubric.alpha", "must look like section.key=value"),
+    ("rubric.alpha=[0.1", "the value is not YAML"),
+    ("=0.1", "is not a dotted key"),
+    ("rubric..alpha=0.1", "is not a dotted key"),
+    ("rubric.alpha=!!python/name:os.system", "could not determine a constructor"),
+])
+def test_a_malformed_override_is_one_line(override, expected, capsys):
+    assert main(["--dry-run", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("orsd-train: config error: command line: ") and expected in err
+
+
+# -- the verifier endpoint: syntax at load, reachability before training ----------------------------
+
+def openai_config(url: str, *more: str):
+    return load_config(None, ["verifier.kind=openai", f"verifier.base_url={url}", "verifier.model=judge", *more])
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens there once closed
+
+
+def test_an_unreachable_verifier_stops_the_run_before_training():
+    config = openai_config(f"http://127.0.0.1:{closed_port()}/v1")
+    with pytest.raises(cli.RunError, match="unreachable.*verifier.check_reachable=false"):
+        cli.check_verifier_reachable(config)
+
+
+def test_the_reachability_probe_is_bounded_and_skippable(monkeypatch):
+    def hangs(*args, **kwargs):
+        time.sleep(30)
+
+    monkeypatch.setattr(socket, "create_connection", hangs)
+    start = time.monotonic()
+    with pytest.raises(cli.RunError, match="no connection within 0.2 s"):
+        cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1"), seconds=0.2)
+    assert time.monotonic() - start < 2
+    cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1", "verifier.check_reachable=false"))
+    cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1", "method.name=grpo"))  # never asked
+
+
+def test_a_listening_verifier_passes_and_dry_run_never_probes(monkeypatch, capsys):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        cli.check_verifier_reachable(openai_config(f"http://127.0.0.1:{server.getsockname()[1]}/v1"))
+    monkeypatch.setattr(cli, "check_verifier_reachable", lambda *a, **k: pytest.fail("probed in --dry-run"))
+    assert main(["--dry-run", "verifier.kind=openai", f"verifier.base_url=http://127.0.0.1:{closed_port()}/v1",
+                 "verifier.model=judge"]) == 0

@@ -1,5 +1,8 @@
-"""A run killed after step k and resumed gives the same records and weights as an unbroken run."""
+"""A run killed after step k and resumed gives the same records and weights as an unbroken run;
+--resume continues with the run's own config, refuses a change that would alter the results, says
+what to do when there is nothing to resume, and leaves a complete run untouched."""
 
+import hashlib
 import json
 
 import pytest
@@ -7,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from orsd.train import checkpoint
-from orsd.train.cli import run
-from orsd.train.config import load_config
+from orsd.train.cli import RunError, main, resolve_config, run
+from orsd.train.config import load_config, to_yaml
 from orsd.train.trainer import Trainer
 
 COMPARED = ("reward_mean", "success_rate", "turns_mean", "response_tokens", "loss", "pg_loss", "kl", "entropy",
@@ -57,7 +60,7 @@ def test_killed_then_resumed_equals_unbroken(tiny_smol_dir, tmp_path, monkeypatc
         run(config_for(tiny_smol_dir, 3), str(broken), log=lambda *_: None)
     monkeypatch.setattr(Trainer, "step", real_step)
     assert [n for n, _ in checkpoint.step_dirs(broken)] == [1, 2]
-    with pytest.raises(SystemExit, match="--resume"):  # never silently mixes two runs
+    with pytest.raises(RunError, match="pass --resume"):  # never silently mixes two runs
         run(config_for(tiny_smol_dir, 3), str(broken), log=lambda *_: None)
     run(config_for(tiny_smol_dir, 3), str(broken), resume=True, log=lambda *_: None)
 
@@ -71,3 +74,81 @@ def test_killed_then_resumed_equals_unbroken(tiny_smol_dir, tmp_path, monkeypatc
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
     assert [n for n, _ in checkpoint.step_dirs(broken)] == [2, 3]  # keep-last-2
+
+    before, said = snapshot(broken), []
+    assert run(config_for(tiny_smol_dir, 3), str(broken), resume=True, log=said.append) is None
+    assert "is complete: 3 steps done" in said[-1]
+    assert snapshot(broken) == before  # no summary appended, no checkpoint rewritten
+
+
+def snapshot(run_dir):
+    """Every file under the run directory: content hash and modification time."""
+    return {str(p.relative_to(run_dir)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def fake_run(run_dir, steps_done, checkpoint_at=None, overrides=()):
+    """A run directory as a run leaves it (config.yaml, steps.jsonl, maybe a checkpoint), without training."""
+    config = load_config(None, ["model.autocast=", "rubric.alpha=0.05", "train.steps=2", *overrides])
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    (run_dir / "steps.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(1, steps_done + 1)))
+    if checkpoint_at is not None:
+        (run_dir / "checkpoints" / f"step_{checkpoint_at}").mkdir()
+        (run_dir / "checkpoints" / f"step_{checkpoint_at}" / "trainer_state.pt").write_bytes(b"state")
+    return config
+
+
+def test_resume_without_a_checkpoint_says_so_and_what_to_do(tmp_path, capsys):
+    fake_run(tmp_path / "run", steps_done=3)
+    before = snapshot(tmp_path / "run")
+    assert main(["--resume", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no checkpoint to resume from (3 steps recorded" in err
+    assert "new --run-dir" in err and f"remove {tmp_path / 'run'}" in err and "pass --resume" not in err
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_resume_of_a_directory_without_a_run(tmp_path, capsys):
+    assert main(["--resume", "--run-dir", str(tmp_path / "nothing")]) == 2
+    assert "holds no run (no config.yaml): start one without --resume" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_fresh_run_never_writes_into_another_run(tmp_path, capsys):
+    fake_run(tmp_path / "with", steps_done=2, checkpoint_at=2)
+    fake_run(tmp_path / "without", steps_done=2)
+    assert main(["--run-dir", str(tmp_path / "with")]) == 2
+    assert "already holds a run (last checkpoint step_2): pass --resume" in capsys.readouterr().err
+    assert main(["--run-dir", str(tmp_path / "without")]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint to resume from: use a new --run-dir" in err and "pass --resume" not in err
+
+
+def test_resume_reads_the_runs_own_config_with_overrides_on_top(tmp_path):
+    fake_run(tmp_path / "run", steps_done=2, checkpoint_at=2, overrides=["rubric.num_bundles=3"])
+    config = resolve_config(None, ["train.steps=5"], str(tmp_path / "run"), resume=True)
+    # the embedded default would give autocast bfloat16, alpha 0.01, 2 bundles
+    assert (config.model.autocast, config.rubric.alpha, config.rubric.num_bundles) == ("", 0.05, 3)
+    assert config.train.steps == 5
+
+
+def test_resume_refuses_a_key_that_changes_results(tmp_path, capsys):
+    fake_run(tmp_path / "run", steps_done=1, checkpoint_at=1)
+    before = snapshot(tmp_path / "run")
+    assert main(["--resume", "--run-dir", str(tmp_path / "run"), "rubric.alpha=0.1", "train.progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"rubric.alpha was 0.05 in {tmp_path / 'run' / 'config.yaml'}, now 0.1" in err
+    assert "train.progress" not in err.split("keys that may change")[0]  # a resumable key is not refused
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_resume_of_a_complete_run_changes_nothing(tmp_path, capsys):
+    fake_run(tmp_path / "run", steps_done=2, checkpoint_at=2)
+    before = snapshot(tmp_path / "run")
+    assert main(["--resume", "--run-dir", str(tmp_path / "run"), "train.progress=false"]) == 0
+    out = capsys.readouterr().out
+    assert "resume: train.progress changed from True to False" in out
+    assert "is complete: 2 steps done (train.steps=2)" in out and "train.steps=N" in out
+    assert snapshot(tmp_path / "run") == before
