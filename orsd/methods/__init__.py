@@ -4,7 +4,12 @@ what the step does (see base.Method). Add a method by subclassing Method and lis
 from __future__ import annotations
 
 from .base import Advantages, Candidates, Method
+from .cripo import CriPO
+from .gigpo import GiGPO
+from .opsd import OPSD, GRPOOPSD
 from .orsd import ORSD, OfflineRubric, RandomBundle, SingleBundle
+from .sdar import SDAR
+from .static_rubric import StaticRubric
 
 #: method.name -> class; the one place a method's name is looked at
 METHODS: dict[str, type[Method]] = {
@@ -13,6 +18,12 @@ METHODS: dict[str, type[Method]] = {
     "offline_rubric": OfflineRubric,
     "single_bundle": SingleBundle,
     "random_bundle": RandomBundle,
+    "gigpo": GiGPO,
+    "static_rubric": StaticRubric,
+    "opsd": OPSD,
+    "grpo_opsd": GRPOOPSD,
+    "sdar": SDAR,
+    "cripo": CriPO,
 }
 
 

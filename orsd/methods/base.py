@@ -54,6 +54,9 @@ class Method:
     selection = "spearman"
     #: skip bundle writing for groups whose rewards are all equal (no ρ is defined there)
     skips_equal_reward_groups = False
+    #: the OPSD family's loss term (methods/distill.py: Distillation); such a method also has
+    #: `teacher_contexts(...)`, and the step then runs a no-grad teacher pass. None: no teacher
+    distillation = None
 
     def __init__(self, config) -> None:
         self.alpha = 0.0  # Eq. 9: A = A_GRPO + α·e·Δ; 0 = the plain replay only
@@ -87,6 +90,11 @@ class Method:
         if selection is None or selection.index is None:
             return None
         return candidates.bundles[selection.index]
+
+    def step_metrics(self, groups: Sequence) -> dict:
+        """Metrics only this method makes, merged into the step's: {name: (value, reduction)},
+        the reduction being one of orsd.train.metrics.REDUCTIONS (how ranks combine it)."""
+        return {}
 
     # offline state that must survive a checkpoint (none for most methods)
     def state_dict(self) -> dict:

@@ -3,12 +3,14 @@
 Each op validates its arguments (ValueError naming the argument) and runs the native kernel of
 the tensors' device: C++/OpenMP on CPU, CUDA on GPU, or the torch reference in orsd.ops.reference
 when the extension is missing (with one RuntimeWarning). `backend()` says which is in use.
+`self_check(device)` compares the six replay ops with the reference on a device.
 """
 
 from ._backend import backend
 from .fused_token_logprobs import fused_token_logprobs
 from .grpo_advantages import grpo_advantages
 from .microbatch_weights import microbatch_weights
+from .selfcheck import SelfCheckError, self_check
 from .shape_advantages import shape_advantages
 from .splice_rubric import splice_rubric
 from .token_logprobs import token_logprobs
@@ -21,4 +23,6 @@ __all__ = [
     "splice_rubric",
     "shape_advantages",
     "microbatch_weights",
+    "self_check",
+    "SelfCheckError",
 ]

@@ -40,17 +40,21 @@ def build(config, run_dir=None, resume_from=None, log=print):
     import torch
 
     from orsd.train import distributed
-    from orsd.train.model import frozen_copy, load_policy, load_tokenizer
+    from orsd.train.model import configure_threads, frozen_copy, load_policy, load_tokenizer, resolve_autocast
     from orsd.train.trainer import Trainer
     from orsd.train.warmstart import run_warm_start
 
     torch.manual_seed(config.train.seed)
     dist = distributed.setup(config)
     m = config.model
+    threads = configure_threads(m.threads)
     device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
     tokenizer = load_tokenizer(m.path)
     policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
     ops_check = check_ops(next(policy.parameters()).device, m.ops_self_check, log)
+    precision = resolve_autocast(policy, m.autocast)  # every autocast(policy, m.autocast) uses this choice
+    log(f"precision: model.autocast={m.autocast or 'off'} -> {precision.autocast or 'fp32'} ({precision.reason}); "
+        f"{threads} CPU threads")
     env = make_env(config)
     warm_losses = []
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
@@ -72,6 +76,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
                       ds_engine=ds_engine)
     trainer.environment["ops_self_check"] = ops_check
+    trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
     return trainer, warm_losses
 
 

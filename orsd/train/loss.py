@@ -58,7 +58,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
            advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, micro_batch_size: int = 0,
            clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
-           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "") -> dict:
+           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None) -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -66,7 +66,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     ranks, `lockstep(n) -> G` gives the largest micro-batch count of any rank, this rank pads with
     zero-weight micro-batches, and DeepSpeed's gradient average over ranks supplies the 1/D.
     `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
-    this is the accumulation boundary) and optimizer.step().
+    this is the accumulation boundary) and optimizer.step(). `distill` (orsd.train.distill.DistillTerm)
+    makes f_p = pg_coef·pg_p + η·k3_p + w_p·ℓ_p, ℓ computed in the same micro-batches and chunks.
     """
     batches = microbatches(packed, micro_batch_tokens, micro_batch_size)
     num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
@@ -81,17 +82,26 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio": 0.0}
-    tokens = 0
+    tokens = distill_tokens = 0
+    distill_sum = 0.0
     device = next(model.parameters()).device
     backward = backward or (lambda loss, last: loss.backward())
     for index, batch in enumerate(batches):
         positions = batch_positions(scored, packed.cu_seqlens, batch)
         flat = torch.cat(positions)
-        logprobs, entropy = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, temperature,
-                                           precision=precision)
+        chunking = ({} if distill is None
+                    else {"chunk_term": distill.chunk_term(flat), "chunk_tokens": distill.chunk_tokens})
+        logprobs, entropy, chunk_values = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions,
+                                                         temperature, precision=precision, **chunking)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
                                advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
-        loss = (weights[flat].to(device) * terms.loss).sum()
+        f = terms.loss  # f_p of Eq. 14
+        if distill is not None:
+            weighted, divergence, active = distill.per_token(flat, logprobs, chunk_values)
+            f = distill.pg_coef * terms.pg + kl_coef * terms.kl + weighted
+            distill_sum += float(divergence.detach()[active].sum())
+            distill_tokens += int(active.sum())
+        loss = (weights[flat].to(device) * f).sum()
         backward(loss, index == num_microbatches - 1)
         n = len(flat)
         tokens += n
@@ -113,7 +123,11 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     if scheduler is not None:
         scheduler.step()
     per_token = {k: v / max(tokens, 1) for k, v in sums.items() if k != "loss"}
+    counts = {"micro_batches": len(batches), "update_tokens": tokens}
+    if distill is not None:  # mean ℓ over the tokens that have a teacher
+        per_token["distill_loss"] = distill_sum / max(distill_tokens, 1)
+        counts["distill_tokens"] = distill_tokens
     # the loss is this rank's share of Eq. 14; DeepSpeed averages gradients over ranks, so do we
-    return {**tagged("mean", loss=sums["loss"]), **tagged("sum", micro_batches=len(batches), update_tokens=tokens),
+    return {**tagged("mean", loss=sums["loss"]), **tagged("sum", **counts),
             **tagged("tokens", **per_token),
             **tagged("same", grad_norm=grad_norm, lr=lr)}

@@ -14,6 +14,9 @@ import importlib.util
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -112,8 +115,146 @@ def frozen_copy(model):
 
 
 def autocast(model, dtype_name: str):
-    """Mixed-precision context for the model's device ('' = a no-op context)."""
+    """Mixed-precision context for the model's device ('' = a no-op context; 'auto' = what
+    `resolve_autocast` chose for this model)."""
+    if dtype_name == "auto":
+        dtype_name = resolve_autocast(model, "auto").autocast
     if not dtype_name:
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
     return torch.autocast(device, dtype=DTYPES[dtype_name])
+
+
+def configure_threads(threads: int) -> int:
+    """model.threads > 0: that many intra-op threads; 0: torch's own default (OMP_NUM_THREADS when
+    set, else one per core). Called once at start; returns the count in use."""
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+# -- model.autocast=auto ----------------------------------------------------------------------------
+# bf16 autocast is 1.5-3x faster than fp32 where the CPU has bf16 dot-product instructions, and
+# 10-30x slower where it has not (the issue-13 machine: AVX2 only, one 512x576 @ 576x1536 matmul
+# 2,522 ms in bf16 vs 75.6 ms in fp32), so `auto` never assumes: it reads the CPU's flags and,
+# without them, measures.
+
+#: /proc/cpuinfo flags of x86 CPUs that run bf16 matmuls natively (oneDNN uses them for autocast)
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+#: bf16 must beat fp32 by this factor in the probe: the matmul is not the whole model, and autocast
+#: adds casts around it
+PROBE_MARGIN = 1.2
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What model.autocast resolved to, and why (logged once and kept in environment.json)."""
+
+    requested: str  # the config's value: auto | '' | bfloat16 | float16
+    autocast: str  # what runs: '' (fp32) | bfloat16 | float16
+    reason: str
+    probe_speedup: float | None = None  # fp32 time / bf16 time of the probe matmul, when it ran
+
+    def as_dict(self) -> dict:
+        return {"requested": self.requested, "autocast": self.autocast, "reason": self.reason,
+                "probe_speedup": self.probe_speedup}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo; where that cannot be read (not Linux), the bf16
+    flags torch's cpuinfo reports."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    flags = set()
+    for flag, check in (("avx512_bf16", "_is_avx512_bf16_supported"), ("amx_bf16", "_is_amx_tile_supported")):
+        if getattr(torch.cpu, check, lambda: False)():
+            flags.add(flag)
+    return flags
+
+
+def probe_bf16_speedup(hidden_size: int, intermediate_size: int, rows: int = 256,
+                       budget_seconds: float = 1.0) -> float:
+    """fp32 time / bf16-autocast time of one [rows, hidden] @ [hidden, intermediate] matmul (the
+    model's MLP up-projection) on the CPU, best of a few calls within about `budget_seconds`.
+
+    Where bf16 is emulated one call can take many times the fp32 one, so the bf16 side stops as
+    soon as its first call has used half the budget: that call alone already says "slower"."""
+    x = torch.randn(rows, hidden_size)
+    weight = torch.randn(intermediate_size, hidden_size)
+
+    def fp32():
+        torch.nn.functional.linear(x, weight)
+
+    def bf16():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.functional.linear(x, weight)
+
+    def best(fn, seconds: float) -> float:
+        deadline, times = time.perf_counter() + seconds, []
+        while len(times) < 5 and (not times or time.perf_counter() < deadline):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    fp32()  # first calls pay for kernel selection and page faults, not the arithmetic
+    fp32_seconds = best(fp32, budget_seconds / 4)
+    start = time.perf_counter()
+    bf16()
+    first = time.perf_counter() - start
+    if first > budget_seconds / 2:
+        return fp32_seconds / first
+    return fp32_seconds / best(bf16, budget_seconds / 2)
+
+
+def choose_autocast(requested: str, device: torch.device | str, weights_dtype: torch.dtype,
+                    hidden_size: int, intermediate_size: int, *, flags: set[str] | None = None,
+                    probe: Callable[[], float] | None = None) -> Precision:
+    """Resolve model.autocast. Anything but 'auto' is kept as set. 'auto': off for weights that are
+    not fp32 (autocast would only add casts); on CUDA, bf16 where the device supports it; on a CPU,
+    bf16 where it runs bf16 natively (AMX / AVX-512-BF16 in `flags`), else bf16 only when `probe`
+    (default: `probe_bf16_speedup` on the model's shape) measures it at least PROBE_MARGIN times
+    faster than fp32; otherwise fp32."""
+    if requested != "auto":
+        return Precision(requested, requested, f"model.autocast={requested!r} set in the config")
+    device = torch.device(device)
+    if weights_dtype != torch.float32:
+        return Precision(requested, "", f"weights are already {str(weights_dtype).removeprefix('torch.')} "
+                                        f"(model.dtype): autocast would only add casts")
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return Precision(requested, "bfloat16", f"{torch.cuda.get_device_name(device)} supports bf16")
+        return Precision(requested, "", f"{torch.cuda.get_device_name(device)} has no bf16 support")
+    if device.type != "cpu":
+        return Precision(requested, "", f"no bf16 rule for device {device.type!r}: fp32")
+    flags = cpu_flags() if flags is None else flags
+    native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+    if native:
+        return Precision(requested, "bfloat16", f"the CPU runs bf16 natively ({', '.join(native)})")
+    speedup = (probe or (lambda: probe_bf16_speedup(hidden_size, intermediate_size)))()
+    measured = (f"a {hidden_size}x{intermediate_size} matmul probe ran bf16 at {speedup:.2f}x the speed "
+                f"of fp32")
+    if speedup >= PROBE_MARGIN:
+        return Precision(requested, "bfloat16", f"no AMX/AVX-512-BF16, but {measured}", speedup)
+    return Precision(requested, "", f"no AMX/AVX-512-BF16 and {measured}: fp32", speedup)
+
+
+_RESOLVED: dict[tuple, Precision] = {}
+
+
+def resolve_autocast(model, requested: str) -> Precision:
+    """`choose_autocast` for this model (its device, weights dtype and shape), decided once per
+    process and shape: the probe is a measurement, and a run must not change its mind mid-way."""
+    parameter = next(model.parameters())
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None) or 1024
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    key = (requested, str(parameter.device), parameter.dtype, hidden, intermediate)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = choose_autocast(requested, parameter.device, parameter.dtype, hidden, intermediate)
+    return _RESOLVED[key]

@@ -55,6 +55,41 @@ def spliced_response_mask(packed: Packed, length: int, pos_map: torch.Tensor,
     return mask
 
 
+@dataclass
+class Spliced:
+    """A packing with privileged context spliced at each eligible record's slot."""
+
+    ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    pos_map: torch.Tensor  # [L] plain position -> position in the spliced packing
+    eligible: torch.Tensor  # [S] bool: the record received its privileged ids
+    response_mask: torch.Tensor  # spliced positions of the eligible records' response tokens
+
+
+def splice_privileged(packed: Packed, records: list[TurnRecord], privileged: list[list[int] | None]) -> Spliced:
+    """`context[:slot] + privileged[s] + context[slot:] + response` per record s with ids (the rubric
+    B* for paired replay, a distillation teacher's context); identical ids are stored once."""
+    index, table, table_cu = [], [], [0]
+    seen: dict[tuple, int] = {}
+    for ids in privileged:
+        if ids is None:
+            index.append(-1)
+            continue
+        key = tuple(ids)
+        if key not in seen:
+            seen[key] = len(seen)
+            table += ids
+            table_cu.append(len(table))
+        index.append(seen[key])
+    index_tensor = torch.tensor(index, dtype=torch.long)
+    slots = torch.tensor([max(r.rubric_slot, 0) for r in records], dtype=torch.long)
+    new_ids, new_cu, pos_map = ops.splice_rubric(packed.ids, packed.cu_seqlens, slots,
+                                                 torch.tensor(table, dtype=torch.long),
+                                                 torch.tensor(table_cu, dtype=torch.long), index_tensor)
+    eligible = index_tensor >= 0
+    return Spliced(new_ids, new_cu, pos_map, eligible, spliced_response_mask(packed, len(new_ids), pos_map, eligible))
+
+
 def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Sequence indices grouped (sorted by length) so count × longest ≤ token_budget."""
     order = sorted(range(len(lengths)), key=lambda s: lengths[s])
@@ -108,17 +143,15 @@ def batch_positions(packed_ids_mask: torch.Tensor, cu: torch.Tensor, batch: list
     return out
 
 
-@torch.no_grad()
-def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    token_budget: int, fused: bool = True, lockstep=None) -> torch.Tensor:
-    """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere.
+def response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int,
+                    lockstep=None):
+    """Yields (positions, hidden) per no-grad forward: the final hidden states [n, H] predicting the
+    packed positions where `mask` holds, sequences batched by `token_budget` (eval mode meanwhile).
 
     `lockstep(n) -> N` (ZeRO-3) returns the largest forward count of any rank; this rank then runs
     N − n dummy forwards so the collective parameter gathers line up."""
     was_training = model.training
     model.eval()
-    out = torch.zeros(len(ids), dtype=torch.float32)
-    head = lm_head_of(model) if fused else None
     lengths = (cu[1:] - cu[:-1]).tolist()
     seq_of = torch.repeat_interleave(torch.arange(len(lengths)), cu[1:] - cu[:-1])
     active = torch.zeros(len(lengths), dtype=torch.bool)
@@ -131,20 +164,29 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
         for sub in batches:
             batch = [active_ids[i] for i in sub]
             positions = batch_positions(mask, cu, batch)
-            flat = torch.cat(positions)
-            hidden = _hidden_rows(model, ids, cu, batch, positions)
-            targets = ids[flat].to(hidden.device)
-            if head is not None:
-                with gathered(head.weight):
-                    weight = head.weight.detach()
-                    lp = ops.fused_token_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(),
-                                                  targets, temperature=temperature)
-            else:
-                logits = _final_logits(model, model.get_output_embeddings()(hidden))
-                lp = ops.token_logprobs(logits.contiguous(), targets, temperature=temperature)
-            out[flat] = lp.float().cpu()
+            yield torch.cat(positions), _hidden_rows(model, ids, cu, batch, positions)
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
+                    token_budget: int, fused: bool = True, lockstep=None) -> torch.Tensor:
+    """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere
+    (`lockstep`: see response_hidden)."""
+    out = torch.zeros(len(ids), dtype=torch.float32)
+    head = lm_head_of(model) if fused else None
+    for flat, hidden in response_hidden(model, ids, cu, mask, token_budget, lockstep):
+        targets = ids[flat].to(hidden.device)
+        if head is not None:
+            with gathered(head.weight):
+                weight = head.weight.detach()
+                lp = ops.fused_token_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(),
+                                              targets, temperature=temperature)
+        else:
+            logits = final_logits(model, model.get_output_embeddings()(hidden))
+            lp = ops.token_logprobs(logits.contiguous(), targets, temperature=temperature)
+        out[flat] = lp.float().cpu()
     return out
 
 
@@ -154,7 +196,7 @@ def dummy_forward(model):
     return model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).last_hidden_state
 
 
-def _final_logits(model, logits: torch.Tensor) -> torch.Tensor:
+def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
@@ -163,32 +205,41 @@ def _final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
-                   temperature: float, chunk_tokens: int = 1024, precision: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable log-probs (and detached entropies) of the response tokens of one micro-batch.
+                   temperature: float, chunk_tokens: int = 1024, precision: str = "",
+                   chunk_term=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Differentiable log-probs, detached entropies and, with `chunk_term`, a differentiable
+    per-token term of the response tokens of one micro-batch.
 
     The LM head and log-softmax run in checkpointed token chunks, so at most
-    chunk_tokens × vocab logits are alive at once, in the forward and the backward. `precision`
-    autocasts the forward only: autocast must not reach the backward or the optimizer step (seen
-    here: with both under CPU bf16 autocast, SmolLM2's warm start stopped learning).
+    chunk_tokens × vocab logits are alive at once, in the forward and the backward.
+    `chunk_term = (fn, tensors)`: fn(log-softmax [c, V], *rows c of each tensor) -> [c] runs inside
+    the same checkpointed chunk, for a term that needs the whole distribution (a distillation
+    divergence) without a tokens × vocab tensor beyond the chunk. `precision` autocasts the forward
+    only: autocast must not reach the backward or the optimizer step (seen here: with both under
+    CPU bf16 autocast, SmolLM2's warm start stopped learning).
     """
+    fn, extra = chunk_term if chunk_term is not None else (None, ())
     with autocast(model, precision):
         hidden = _hidden_rows(model, ids, cu, batch, positions)
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
-        lps, entropies = [], []
+        lps, entropies, terms = [], [], []
         for start in range(0, len(targets), chunk_tokens):
-            h, t = hidden[start:start + chunk_tokens], targets[start:start + chunk_tokens]
-            lp, entropy = checkpoint(_chunk_logprobs, model, head, h, t, temperature, use_reentrant=False)
+            rows = slice(start, start + chunk_tokens)
+            lp, entropy, term = checkpoint(_chunk_logprobs, model, head, hidden[rows], targets[rows], temperature, fn,
+                                           *[x[rows].to(hidden.device) for x in extra], use_reentrant=False)
             lps.append(lp)
             entropies.append(entropy.detach())
-    return torch.cat(lps), torch.cat(entropies)
+            terms.append(term)
+    return torch.cat(lps), torch.cat(entropies), (torch.cat(terms) if fn is not None else None)
 
 
-def _chunk_logprobs(model, head, hidden, targets, temperature):
-    logits = _final_logits(model, head(hidden)).float() / temperature
+def _chunk_logprobs(model, head, hidden, targets, temperature, fn=None, *extra):
+    logits = final_logits(model, head(hidden)).float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+    term = fn(logp, *extra) if fn is not None else None
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy, term
 
 
 @dataclass
@@ -215,27 +266,11 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     packed = pack(records)
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
                           token_budget, fused, lockstep)
-    rubric_index, table, rubric_cu = [], [], [0]
-    seen: dict[tuple, int] = {}
-    for rubric in record_rubrics:
-        if rubric is None:
-            rubric_index.append(-1)
-            continue
-        key = tuple(rubric)
-        if key not in seen:
-            seen[key] = len(seen)
-            table += rubric
-            rubric_cu.append(len(table))
-        rubric_index.append(seen[key])
-    index = torch.tensor(rubric_index, dtype=torch.long)
-    eligible = index >= 0
-    slots = torch.tensor([max(r.rubric_slot, 0) for r in records], dtype=torch.long)
+    spliced = splice_privileged(packed, records, record_rubrics)
+    eligible, pos_map = spliced.eligible, spliced.pos_map
     if eligible.any() or lockstep:
-        new_ids, new_cu, pos_map = ops.splice_rubric(packed.ids, packed.cu_seqlens, slots,
-                                                     torch.tensor(table, dtype=torch.long),
-                                                     torch.tensor(rubric_cu, dtype=torch.long), index)
-        mask = spliced_response_mask(packed, len(new_ids), pos_map, eligible)
-        with_rubric = replay_logprobs(model, new_ids, new_cu, mask, temperature, token_budget, fused, lockstep)
+        with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask, temperature,
+                                      token_budget, fused, lockstep)
     else:
         pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
     advantages, delta, valid = ops.shape_advantages(

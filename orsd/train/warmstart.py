@@ -117,8 +117,8 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
             total = 0.0
             for batch in budget_batches(packed.lengths, micro_batch_tokens):
                 positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
-                logprobs, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
-                                             precision=precision)
+                logprobs, _, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
+                                                precision=precision)
                 loss = -logprobs.sum() / answer_tokens
                 loss.backward()
                 total += float(loss.detach())

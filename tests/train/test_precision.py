@@ -1,0 +1,142 @@
+"""model.autocast=auto (bf16 only where the device runs it well, else fp32) and model.threads."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from orsd.train import model as model_module
+from orsd.train.config import ConfigError, load_config
+from orsd.train.model import autocast, choose_autocast, configure_threads, probe_bf16_speedup
+
+SHAPE = dict(hidden_size=576, intermediate_size=1536)  # SmolLM2-135M's MLP
+
+
+def never_probe():
+    raise AssertionError("the probe must not run when the flags or the config already decide")
+
+
+@pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"avx2", "amx_tile", "amx_bf16"}])
+def test_cpu_with_native_bf16_gets_bf16_without_a_probe(flags):
+    choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags=flags, probe=never_probe)
+    assert choice.autocast == "bfloat16"
+    assert "natively" in choice.reason and any(flag in choice.reason for flag in flags)
+    assert choice.probe_speedup is None
+
+
+def test_cpu_without_native_bf16_where_the_probe_finds_it_slower_gets_fp32():
+    # the issue-13 machine: AVX2 only, bf16 33x slower than fp32
+    choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags={"avx2", "fma"}, probe=lambda: 0.03)
+    assert choice.autocast == ""
+    assert choice.probe_speedup == 0.03
+    assert "0.03x" in choice.reason and "fp32" in choice.reason
+
+
+def test_cpu_without_native_bf16_where_the_probe_finds_it_faster_gets_bf16():
+    choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags={"avx2"}, probe=lambda: 1.6)
+    assert choice.autocast == "bfloat16"
+    assert choice.probe_speedup == 1.6 and "1.60x" in choice.reason
+
+
+def test_a_probe_just_above_parity_is_not_enough():
+    """The matmul is not the whole model and autocast adds casts: bf16 must win clearly."""
+    choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags=set(), probe=lambda: 1.05)
+    assert choice.autocast == ""
+
+
+@pytest.mark.parametrize("requested", ["", "bfloat16", "float16"])
+def test_an_explicit_setting_is_kept(requested):
+    choice = choose_autocast(requested, "cpu", torch.float32, **SHAPE, flags={"avx2"}, probe=never_probe)
+    assert (choice.requested, choice.autocast) == (requested, requested)
+
+
+def test_weights_already_in_bf16_get_no_autocast():
+    choice = choose_autocast("auto", "cpu", torch.bfloat16, **SHAPE, flags={"avx512_bf16"}, probe=never_probe)
+    assert choice.autocast == "" and "bfloat16" in choice.reason
+
+
+@pytest.mark.parametrize("supported, expected", [(True, "bfloat16"), (False, "")])
+def test_cuda_follows_the_devices_bf16_support(monkeypatch, supported, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Fake GPU")
+    choice = choose_autocast("auto", "cuda:0", torch.float32, **SHAPE, flags=set(), probe=never_probe)
+    assert choice.autocast == expected and "Fake GPU" in choice.reason
+
+
+def test_probe_measures_a_positive_ratio():
+    assert 0 < probe_bf16_speedup(64, 128, rows=16, budget_seconds=0.2) < math.inf
+
+
+def test_probe_stops_after_one_slow_bf16_call():
+    """With no budget left the first bf16 call decides (an emulated bf16 call may take seconds)."""
+    calls = []
+    real = torch.nn.functional.linear
+
+    def counting(*args, **kwargs):
+        calls.append(torch.is_autocast_enabled("cpu"))
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "linear", counting)
+        assert probe_bf16_speedup(64, 128, rows=16, budget_seconds=0.0) > 0
+    assert calls.count(True) == 1
+
+
+def test_auto_is_resolved_once_per_model_shape(monkeypatch, tiny_model):
+    monkeypatch.setattr(model_module, "_RESOLVED", {})
+    probes = []
+    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(model_module, "probe_bf16_speedup", lambda *a, **k: probes.append(a) or 0.5)
+    for _ in range(3):
+        with autocast(tiny_model, "auto"):
+            assert not torch.is_autocast_enabled("cpu")  # the probe said fp32
+    assert len(probes) == 1
+    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(model_module, "_RESOLVED", {})
+    with autocast(tiny_model, "auto"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
+    before = torch.get_num_threads()
+    try:
+        assert configure_threads(1) == 1 == torch.get_num_threads()
+        assert configure_threads(0) == 1  # 0 leaves whatever is set
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_config_accepts_auto_and_threads_and_names_bad_values():
+    config = load_config(None, ["model.autocast=auto", "model.threads=2"])
+    assert (config.model.autocast, config.model.threads) == ("auto", 2)
+    assert load_config().model.autocast == "auto"  # the embedded default measures, never assumes
+    with pytest.raises(ConfigError, match="model.threads"):
+        load_config(None, ["model.threads=-1"])
+    with pytest.raises(ConfigError, match="model.autocast"):
+        load_config(None, ["model.autocast=fast"])
+
+
+def test_the_run_says_what_it_chose_and_records_it(tiny_smol_dir, tmp_path, monkeypatch):
+    from orsd.train.cli import run
+
+    monkeypatch.setattr(model_module, "_RESOLVED", {})
+    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(model_module, "probe_bf16_speedup", lambda *a, **k: 0.25)
+    before = torch.get_num_threads()
+    lines = []
+    config = load_config(None, [f"model.path={tiny_smol_dir}", "model.device=cpu", "model.autocast=auto",
+                                "model.threads=1", "train.steps=0", "warm_start.enabled=false",
+                                "train.progress=false", "train.report=false", "train.tensorboard=false"])
+    try:
+        run(config, str(tmp_path / "run"), log=lines.append)
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    said = [line for line in lines if line.startswith("precision:")]
+    assert len(said) == 1 and "-> fp32" in said[0] and "0.25x" in said[0] and "1 CPU threads" in said[0]
+    recorded = json.loads((tmp_path / "run" / "environment.json").read_text())
+    assert recorded["precision"] == {"requested": "auto", "autocast": "", "probe_speedup": 0.25,
+                                     "reason": recorded["precision"]["reason"], "threads": 1}
+    assert "0.25x" in recorded["precision"]["reason"]
+    assert threads == recorded["torch_threads"] == 1
