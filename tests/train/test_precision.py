@@ -1,6 +1,8 @@
 """model.autocast=auto (bf16 only where the device runs it well, else fp32) and model.threads."""
 
 import json
+import subprocess
+import sys
 import math
 
 import pytest
@@ -99,12 +101,12 @@ def test_auto_is_resolved_once_per_model_shape(monkeypatch, tiny_model):
 
 
 def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
-    before = torch.get_num_threads()
-    try:
-        assert configure_threads(1) == 1 == torch.get_num_threads()
-        assert configure_threads(0) == 1  # 0 leaves whatever is set
-    finally:
-        torch.set_num_threads(before)
+    # in a fresh process: torch's thread count is process state that other tests in the suite change
+    code = ("import torch; from orsd.train.model import configure_threads\n"
+            "assert configure_threads(1) == 1 == torch.get_num_threads()\n"
+            "assert configure_threads(0) == 1  # 0 leaves whatever is set\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
 
 def test_config_accepts_auto_and_threads_and_names_bad_values():
@@ -117,26 +119,34 @@ def test_config_accepts_auto_and_threads_and_names_bad_values():
         load_config(None, ["model.autocast=fast"])
 
 
-def test_the_run_says_what_it_chose_and_records_it(tiny_smol_dir, tmp_path, monkeypatch):
-    from orsd.train.cli import run
-
-    monkeypatch.setattr(model_module, "_RESOLVED", {})
-    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx2"})
-    monkeypatch.setattr(model_module, "probe_bf16_speedup", lambda *a, **k: 0.25)
-    before = torch.get_num_threads()
-    lines = []
-    config = load_config(None, [f"model.path={tiny_smol_dir}", "model.device=cpu", "model.autocast=auto",
-                                "model.threads=1", "train.steps=0", "warm_start.enabled=false",
-                                "train.progress=false", "train.report=false", "train.tensorboard=false"])
-    try:
-        run(config, str(tmp_path / "run"), log=lines.append)
-        threads = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-    said = [line for line in lines if line.startswith("precision:")]
+def test_the_run_says_what_it_chose_and_records_it(tiny_smol_dir, tmp_path):
+    # in a fresh process (torch's thread count is process state other tests change); the CPU is
+    # faked as AVX2-only with a probe that finds bf16 4x slower
+    code = """
+import json, sys
+from pathlib import Path
+from orsd.train import model as model_module
+from orsd.train.cli import run
+from orsd.train.config import load_config
+model_module.cpu_flags = lambda: {"avx2"}
+model_module.probe_bf16_speedup = lambda *a, **k: 0.25
+model_dir, out = sys.argv[1], Path(sys.argv[2])
+lines = []
+config = load_config(None, [f"model.path={model_dir}", "model.device=cpu", "model.autocast=auto",
+                            "model.threads=1", "train.steps=0", "warm_start.enabled=false",
+                            "train.progress=false", "train.report=false", "train.tensorboard=false"])
+run(config, str(out / "run"), log=lines.append)
+import torch
+print(json.dumps({"lines": lines, "threads": torch.get_num_threads()}))
+"""
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_smol_dir), str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    said = [line for line in result["lines"] if line.startswith("precision:")]
     assert len(said) == 1 and "-> fp32" in said[0] and "0.25x" in said[0] and "1 CPU threads" in said[0]
     recorded = json.loads((tmp_path / "run" / "environment.json").read_text())
     assert recorded["precision"] == {"requested": "auto", "autocast": "", "probe_speedup": 0.25,
                                      "reason": recorded["precision"]["reason"], "threads": 1}
     assert "0.25x" in recorded["precision"]["reason"]
-    assert threads == recorded["torch_threads"] == 1
+    assert result["threads"] == recorded["torch_threads"] == 1
