@@ -1,14 +1,15 @@
-"""What the OPSD family costs per step next to GRPO and ORSD, on one shared batch (issue 11).
+"""What the OPSD family costs per step next to GRPO, on one shared batch (issue 11).
 
 One rollout of the embedded default (SmolLM2-135M, V = 49,152, H = 576; warm start off), then each
 method's step on it from the same initial weights. Counted, per stage: decoder forwards of the
 policy and the reference and the (unpadded) tokens they saw, from forward hooks; the teacher's
 stored bytes; the peak resident memory above the stage's start (Linux: malloc_trim and
 /proc/self/clear_refs reset VmHWM to the live memory before the stage, VmHWM − VmRSS after; run
-with MALLOC_MMAP_THRESHOLD_=65536 so that large tensors are mapped and unmapped, not kept by malloc). Bundles and the verifier are fakes (a fixed
-6-criterion bundle whose scores follow the reward; its last criterion is met by no trajectory, so
-CriPO has one unexplored criterion), and rewards are overwritten to alternate 0/1 within each group
-so that every group has a B*: this measures the distillation stages, not rubric writing.
+with MALLOC_MMAP_THRESHOLD_=65536 so that large tensors are mapped and unmapped, not kept by
+malloc). Bundles and the verifier are fakes (a fixed 6-criterion bundle whose scores follow the
+reward; its last criterion is met by no trajectory, so CriPO has one unexplored criterion), and
+rewards are overwritten to alternate 0/1 within each group so that every group has a B*: this
+measures the distillation stages, not rubric writing.
 
     MALLOC_MMAP_THRESHOLD_=65536 python benchmarks/distill_cost.py [section.key=value ...]
     (ORSD_BENCH_GROUPS=<file.pkl> keeps the rollout for the next run)
@@ -40,8 +41,7 @@ LIBC = ctypes.CDLL("libc.so.6")
 CRITERIA = ["The agent searches with words from the task.", "The agent opens a matching product.",
             "The agent selects the requested options.", "The agent checks the price against the budget.",
             "The agent never repeats an action without effect.", "The agent compares two products first."]
-METHODS = [("grpo", []), ("orsd", []),
-           ("opsd", []), ("grpo_opsd", []),
+METHODS = [("grpo", []), ("opsd", []),  # grpo_opsd's forwards and memory are opsd's (it adds the PG term)
            ("grpo_opsd", ["method.distill_divergence=topk"]),
            ("grpo_opsd", ["method.distill_divergence=sampled"]),
            ("grpo_opsd", ["method.distill_teacher=reference"]),
@@ -137,24 +137,24 @@ def main(argv: list[str]) -> dict:
             trajectory.reward = float(i % 2)
     rewards = {g.task.description: g.rewards for g in groups}
     rows = []
-    for (name, overrides), method_config in zip(METHODS, configs):
-        trainer = Counted(method_config, copy.deepcopy(initial), tokenizer, frozen_copy(initial),
-                          RewardScores(rewards), env)
-        result = trainer.step(copy.deepcopy(groups))
-        teacher = result.outputs.teacher
-        rows.append({"method": name, "overrides": overrides, "stages": trainer.stages,
-                     "seconds": {k: round(v, 2) for k, v in result.seconds.items()},
-                     "teacher_stored_bytes": teacher.stored_bytes if teacher is not None else 0,
-                     "distill_tokens": result.metrics.get("distill_tokens", 0),
-                     "response_tokens": result.metrics["response_tokens"]})
-        print(name, overrides, json.dumps(rows[-1]["stages"]), flush=True)
     result = {"device": "cuda" if torch.cuda.is_available() else "cpu", "model": config.model.path,
               "vocab": initial.config.vocab_size, "hidden": initial.config.hidden_size,
               "records": sum(len(t.records) for g in groups for t in g.trajectories),
               "context_tokens": sum(len(r.context_ids) for g in groups for t in g.trajectories for r in t.records),
               "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"distill_cost_{result['device']}.json").write_text(json.dumps(result, indent=2))
+    for (name, overrides), method_config in zip(METHODS, configs):
+        trainer = Counted(method_config, copy.deepcopy(initial), tokenizer, frozen_copy(initial),
+                          RewardScores(rewards), env)
+        step = trainer.step(copy.deepcopy(groups))
+        teacher = step.outputs.teacher
+        rows.append({"method": name, "overrides": overrides, "stages": trainer.stages,
+                     "seconds": {k: round(v, 2) for k, v in step.seconds.items()},
+                     "teacher_stored_bytes": teacher.stored_bytes if teacher is not None else 0,
+                     "distill_tokens": step.metrics.get("distill_tokens", 0),
+                     "response_tokens": step.metrics["response_tokens"]})
+        print(name, overrides, json.dumps(rows[-1]["stages"]), flush=True)
+        RESULTS.mkdir(exist_ok=True)  # written after every method: a long run keeps what it measured
+        (RESULTS / f"distill_cost_{result['device']}.json").write_text(json.dumps(result, indent=2))
     print(table(result))
     return result
 
@@ -172,8 +172,9 @@ def table(result: dict) -> str:
         label = row["method"] + (" " + " ".join(o.split(".")[-1] for o in row["overrides"]) if row["overrides"] else "")
         teacher = stages.get("teacher", {})
         taught = teacher.get("policy_tokens", 0) + teacher.get("reference_tokens", 0)
-        lines.append(f"| {label} | {forwards} ({tokens}) | {teacher.get('policy_forwards', 0) + teacher.get('reference_forwards', 0)}"
-                     f" ({taught}) | {row['teacher_stored_bytes'] / 1e6:.2f} MB | "
+        teacher_forwards = teacher.get("policy_forwards", 0) + teacher.get("reference_forwards", 0)
+        lines.append(f"| {label} | {forwards} ({tokens}) | {teacher_forwards} ({taught}) | "
+                     f"{row['teacher_stored_bytes'] / 1e6:.2f} MB | "
                      f"{teacher.get('peak_rss_mb', 0):.0f} MB | {stages['update']['peak_rss_mb']:.0f} MB | "
                      f"{row['seconds'].get('update', 0):.1f} |")
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One-shot GPU check for orsd's CUDA kernels, < 5 minutes on one H200:
+# One-shot GPU check for orsd's CUDA kernels, < 8 minutes on one H200:
 #   1. the gpu-marked tests (every op against its torch reference on the device),
-#   2. compute-sanitizer memcheck and racecheck over a driver that runs every kernel on awkward
-#      shapes (benchmarks/gpu_sanitize.py),
-#   3. the GPU benchmarks (T up to 32,768), as JSON and a markdown table.
+#   2. compute-sanitizer memcheck and racecheck over drivers that run every kernel on awkward
+#      shapes (benchmarks/gpu_sanitize.py; lm_head_logprobs: gpu_sanitize_lm_head_logprobs.py),
+#   3. the GPU benchmarks (T up to 32,768), as JSON and a markdown table; lm_head_logprobs
+#      (forward + backward against torch's chunked and full-logits paths) as its own step and files,
+#   4. one update micro-batch's memory by component (benchmarks/update_memory.py).
 # Results go to benchmarks/results/gpu/ (override with ORSD_GPU_RESULTS). Needs orsd installed
 # with CUDA kernels (pip install -e . on a machine with nvcc) and a CUDA build of torch.
 # Exit status: 0 when every step passed; the first failing step's status otherwise.
@@ -45,6 +47,8 @@ if [ -n "$SANITIZER" ]; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   step sanitizer_memcheck 150 "$SANITIZER" --tool memcheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize.py
   step sanitizer_racecheck 150 "$SANITIZER" --tool racecheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize.py
+  step sanitizer_memcheck_lm_head 150 "$SANITIZER" --tool memcheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize_lm_head_logprobs.py
+  step sanitizer_racecheck_lm_head 150 "$SANITIZER" --tool racecheck --error-exitcode 1 "$PY" benchmarks/gpu_sanitize_lm_head_logprobs.py
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 else
   echo "sanitizer: compute-sanitizer not found (install the CUDA toolkit's sanitizer); step not run" | tee -a "$OUT/summary.txt"
@@ -52,7 +56,16 @@ else
 fi
 
 step gpu_benchmarks 240 "$PY" -m pytest benchmarks -m gpu -q -p no:cacheprovider \
+  --ignore=benchmarks/bench_lm_head_logprobs.py \
   --benchmark-json="$OUT/gpu_benchmarks.json" --orsd-table "$OUT/gpu_benchmarks.md"
+# lm_head_logprobs: a training step (forward + backward) at T = 512 ... 32,768, H = 2,048,
+# V = 151,936 against torch's chunked (checkpointed) and full-logits paths; 5 rounds each.
+step lm_head_benchmarks 240 "$PY" -m pytest benchmarks/bench_lm_head_logprobs.py -m gpu -q -p no:cacheprovider \
+  --orsd-rounds 5 --benchmark-json="$OUT/lm_head_gpu.json" --orsd-table "$OUT/lm_head_gpu.md"
+
+# one update micro-batch at the paper's WebShop shape (Qwen3-1.7B shape, 2 layers): memory by component,
+# chunked torch vs fused LM head (writes benchmarks/results/update_memory_cuda.{json,md})
+step update_memory 120 "$PY" benchmarks/update_memory.py --device cuda --tokens 30720 --response 29696
 
 echo "overall exit $status" | tee -a "$OUT/summary.txt"
 exit "$status"

@@ -11,6 +11,7 @@
 #include "orsd/device.h"
 #include "orsd/fused_token_logprobs.h"
 #include "orsd/grpo_advantages.h"
+#include "orsd/lm_head_logprobs.h"
 #include "orsd/microbatch_weights.h"
 #include "orsd/shape_advantages.h"
 #include "orsd/splice_rubric.h"
@@ -35,6 +36,10 @@ orsd::DType as_dtype(int code) {
 #ifdef ORSD_WITH_CUDA
 orsd::StreamHandle as_stream(Ptr p) { return reinterpret_cast<orsd::StreamHandle>(p); }
 #endif
+
+orsd::LmHeadShape lm_head_shape(int64_t T, int64_t V, int64_t H, int dtype) {
+  return {T, V, H, as_dtype(dtype)};
+}
 
 }  // namespace
 
@@ -134,6 +139,33 @@ PYBIND11_MODULE(_C, m) {
                                      as<const uint8_t>(eligible), length, as<float>(adv),
                                      as<float>(delta), as<uint8_t>(valid), num_threads);
         }, nogil);
+  m.def("lm_head_logprobs_workspace_cpu",
+        [](int64_t T, int64_t V, int64_t H, int dtype, int num_threads, bool backward) {
+          return orsd::lm_head_logprobs_workspace_cpu(lm_head_shape(T, V, H, dtype), num_threads,
+                                                      backward);
+        });
+  m.def("lm_head_logprobs_forward_cpu",
+        [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
+           float scale, float softcap, Ptr out_lp, Ptr out_lse, Ptr out_entropy, Ptr gemm,
+           Ptr workspace, std::size_t workspace_bytes, int num_threads) {
+          orsd::lm_head_logprobs_forward_cpu(
+              as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
+              as<const int64_t>(targets), {scale, softcap}, as<float>(out_lp), as<float>(out_lse),
+              as<float>(out_entropy), as<const void>(gemm), as<void>(workspace), workspace_bytes,
+              num_threads);
+        }, nogil);
+  m.def("lm_head_logprobs_backward_cpu",
+        [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
+           float scale, float softcap, Ptr lse, Ptr entropy, Ptr grad_lp, Ptr grad_entropy,
+           Ptr grad_hidden, Ptr grad_weight, Ptr gemm, Ptr workspace, std::size_t workspace_bytes,
+           int num_threads) {
+          orsd::lm_head_logprobs_backward_cpu(
+              as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
+              as<const int64_t>(targets), {scale, softcap}, as<const float>(lse),
+              as<const float>(entropy), as<const float>(grad_lp), as<const float>(grad_entropy),
+              as<void>(grad_hidden), as<void>(grad_weight), as<const void>(gemm),
+              as<void>(workspace), workspace_bytes, num_threads);
+        }, nogil);
   m.def("microbatch_weights_cpu",
         [](Ptr mask, Ptr microbatch_ids, int64_t length, int64_t num_microbatches, Ptr counts,
            Ptr out, int num_threads) {
@@ -197,6 +229,32 @@ PYBIND11_MODULE(_C, m) {
                                       as<const uint8_t>(eligible), length, as<float>(adv),
                                       as<float>(delta), as<uint8_t>(valid), device,
                                       as_stream(stream));
+        }, nogil);
+  m.def("lm_head_logprobs_workspace_cuda",
+        [](int64_t T, int64_t V, int64_t H, int dtype, bool backward) {
+          return orsd::lm_head_logprobs_workspace_cuda(lm_head_shape(T, V, H, dtype), backward);
+        });
+  m.def("lm_head_logprobs_forward_cuda",
+        [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
+           float scale, float softcap, Ptr out_lp, Ptr out_lse, Ptr out_entropy, Ptr workspace,
+           std::size_t workspace_bytes, int device, Ptr stream) {
+          orsd::lm_head_logprobs_forward_cuda(
+              as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
+              as<const int64_t>(targets), {scale, softcap}, as<float>(out_lp), as<float>(out_lse),
+              as<float>(out_entropy), as<void>(workspace), workspace_bytes, device,
+              as_stream(stream));
+        }, nogil);
+  m.def("lm_head_logprobs_backward_cuda",
+        [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
+           float scale, float softcap, Ptr lse, Ptr entropy, Ptr grad_lp, Ptr grad_entropy,
+           Ptr grad_hidden, Ptr grad_weight, Ptr workspace, std::size_t workspace_bytes,
+           int device, Ptr stream) {
+          orsd::lm_head_logprobs_backward_cuda(
+              as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
+              as<const int64_t>(targets), {scale, softcap}, as<const float>(lse),
+              as<const float>(entropy), as<const float>(grad_lp), as<const float>(grad_entropy),
+              as<void>(grad_hidden), as<void>(grad_weight), as<void>(workspace), workspace_bytes,
+              device, as_stream(stream));
         }, nogil);
   m.def("microbatch_weights_cuda",
         [](Ptr mask, Ptr microbatch_ids, int64_t length, int64_t num_microbatches, Ptr counts,

@@ -7,7 +7,9 @@ differently shows up here in a second instead of as a slowly wrong training curv
 cover the shapes that hit kernel edge paths: a vocabulary of 1, rows that cross the 4096-element
 block and the vector tails, masked rows, -inf/NaN/large logits, f16/bf16/f32, chunk sizes that do
 not divide V, H = 0, singleton/constant/sparse groups, empty sequences, slots at both ends,
-non-finite deltas and empty micro-batches.
+non-finite deltas and empty micro-batches. lm_head_logprobs is checked with its gradients: the
+check runs its forward and backward and compares lp, entropy, grad_hidden and grad_weight with
+torch autograd through f64 logits.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ OPS = (
     "splice_rubric",
     "shape_advantages",
     "microbatch_weights",
+    "lm_head_logprobs",
 )
 
 
@@ -48,7 +51,7 @@ def self_check(
 ) -> dict[str, dict]:
     """Run the ops on `device` and compare each with the reference on the same device.
 
-    ops: None for all six; names for a subset; or a mapping name -> callable to check another
+    ops: None for all seven; names for a subset; or a mapping name -> callable to check another
     implementation under an op's name (the callable takes the op's arguments). Returns
     {op: {"ok": bool, "max_error": float, "detail": str}}: max_error is the largest absolute
     difference over all cases (inf for a NaN/inf pattern mismatch or an exception), detail says
@@ -96,7 +99,7 @@ def _check_one(name: str, function: Callable, device: torch.device, runs: str) -
     try:
         for label, args, tolerance in cases:
             args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-            got = function(**args)
+            got = _lm_head_with_gradients(function, args) if name == "lm_head_logprobs" else function(**args)
             want = _expected(name, args)
             error, problem = _difference(got, want, tolerance)
             if device.type == "cuda":
@@ -117,7 +120,33 @@ def _check_one(name: str, function: Callable, device: torch.device, runs: str) -
     return {"ok": True, "max_error": worst_error, "detail": detail}
 
 
+def _lm_head_with_gradients(function, args: dict) -> tuple:
+    """(lp, entropy, grad_hidden, grad_weight) of `function` for the loss Σ g·lp + Σ e·entropy."""
+    hidden = args["hidden"].detach().clone().requires_grad_()
+    weight = args["weight"].detach().clone().requires_grad_()
+    lp, entropy = function(hidden, weight, args["targets"], temperature=args["temperature"],
+                           softcap=args["softcap"], return_entropy=True)
+    (lp * args["grad_lp"] + entropy * args["grad_entropy"]).sum().backward()
+    return lp.detach(), entropy.detach(), hidden.grad.float(), weight.grad.float()
+
+
+def _lm_head_reference(args: dict) -> tuple:
+    """The same through torch autograd on f64 logits of the given values."""
+    hidden = args["hidden"].detach().double().requires_grad_()
+    weight = args["weight"].detach().double().requires_grad_()
+    logits = hidden @ weight.T
+    if args["softcap"] > 0:
+        logits = torch.tanh(logits / args["softcap"]) * args["softcap"]
+    log_p = torch.log_softmax(logits / args["temperature"], dim=-1)
+    lp = log_p.gather(-1, args["targets"][:, None]).squeeze(-1)
+    entropy = torch.special.entr(log_p.exp()).sum(-1)
+    (lp * args["grad_lp"] + entropy * args["grad_entropy"]).sum().backward()
+    return lp.float().detach(), entropy.float().detach(), hidden.grad.float(), weight.grad.float()
+
+
 def _expected(name: str, args: dict):
+    if name == "lm_head_logprobs":
+        return _lm_head_reference(args)
     if name == "fused_token_logprobs":
         # Logits in f64 rounded once to f32: the best f32 logits of the given values. The
         # reference's own f32 matmul may run in TF32 on a GPU where the user allowed it, and the
@@ -150,7 +179,7 @@ def _difference(got, want, tolerance: float) -> tuple[float, str]:
         return math.inf, f"expected a tensor, got {type(got).__name__}"
     if got.dtype != want.dtype or got.shape != want.shape:
         return math.inf, f"got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
-    g, w = got.double().cpu(), want.double().cpu()
+    g, w = got.double().cpu().flatten(), want.double().cpu().flatten()  # element indices are flat
     if not torch.equal(torch.isnan(g), torch.isnan(w)):
         index = int(torch.nonzero(torch.isnan(g) != torch.isnan(w))[0])
         return math.inf, f"element {index} is {g[index].item()}, reference {w[index].item()} (NaN mismatch)"
@@ -290,6 +319,23 @@ def _microbatch_weights_cases(generator):
     ), 0.0
 
 
+def _lm_head_logprobs_cases(generator):
+    # A vocabulary of 1, one that crosses the 1,024 (CPU) / 4,096 (CUDA) block by a few rows, an odd
+    # H, temperature and soft-cap; both incoming gradients non-zero. Gradients are O(0.1) here, so
+    # the absolute tolerances are the relative bounds of docs/ops.md.
+    for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
+        short = str(dtype).removeprefix("torch.")
+        for rows, hidden_size, vocab, temperature, softcap in ((3, 8, 1, 1.0, 0.0), (7, 37, 4099, 0.7, 0.0),
+                                                               (5, 64, 1030, 1.0, 4.0)):
+            hidden = torch.randn(rows, hidden_size, generator=generator).to(dtype)
+            weight = (torch.randn(vocab, hidden_size, generator=generator) * 2 / hidden_size**0.5).to(dtype)
+            yield f"{short} T={rows} H={hidden_size} V={vocab} temperature={temperature} softcap={softcap}", dict(
+                hidden=hidden, weight=weight, targets=torch.randint(0, vocab, (rows,), generator=generator),
+                temperature=temperature, softcap=softcap, grad_lp=torch.rand(rows, generator=generator) + 0.5,
+                grad_entropy=torch.rand(rows, generator=generator) * 0.1,
+            ), tolerance  # fmt: skip
+
+
 _CASES = {
     "token_logprobs": _token_logprobs_cases,
     "fused_token_logprobs": _fused_token_logprobs_cases,
@@ -297,4 +343,5 @@ _CASES = {
     "splice_rubric": _splice_rubric_cases,
     "shape_advantages": _shape_advantages_cases,
     "microbatch_weights": _microbatch_weights_cases,
+    "lm_head_logprobs": _lm_head_logprobs_cases,
 }

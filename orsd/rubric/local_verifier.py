@@ -68,7 +68,8 @@ class LocalVerifier(VerifierBase):
     def __init__(self, model: Any, tokenizer: Any, mode: str = "per_trajectory", scoring: str = "yes_prob",
                  max_new_tokens: int = 256, batch_size: int = 8, templates: PromptTemplates | None = None,
                  chat_template_kwargs: dict | None = None, yes_words: Sequence[str] = YES_WORDS,
-                 no_words: Sequence[str] = NO_WORDS, max_prompt_tokens: int | None = None) -> None:
+                 no_words: Sequence[str] = NO_WORDS, max_prompt_tokens: int | None = None,
+                 autocast_dtype: Any = None) -> None:
         check_mode(mode, scoring)
         for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -94,6 +95,10 @@ class LocalVerifier(VerifierBase):
         self.pad_id = int(pad)
         self.accounting = Accounting()
         self._lock = threading.Lock()  # one forward at a time: the CPU has no cores to spare
+        # autocast is per thread and the forwards run on a worker thread, so the caller's autocast
+        # never reaches them: the dtype is entered here (a model whose matmul weights are stored in
+        # it, orsd.train.model.frozen_copy, runs only under it)
+        self.autocast_dtype = autocast_dtype
 
     def __repr__(self) -> str:
         name = getattr(getattr(self.model, "config", None), "_name_or_path", type(self.model).__name__)
@@ -119,7 +124,9 @@ class LocalVerifier(VerifierBase):
                        indices: list[int | None]) -> list[VerifierResult]:
         import torch
 
-        with self._lock, torch.inference_mode():
+        device = next(self.model.parameters()).device.type
+        with self._lock, torch.inference_mode(), torch.autocast(device, dtype=self.autocast_dtype,
+                                                                enabled=self.autocast_dtype is not None):
             if self.scoring == "yes_prob":
                 return self._yes_prob_bundles(task, transcripts, bundles, indices)
             return [self._json_bundle(task, transcripts, bundle, index)

@@ -3,6 +3,7 @@ and verifier (`build`), and each of those on its own."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from orsd import envs, rubric
@@ -19,9 +20,13 @@ def build_verifier(config, frozen_model, tokenizer):
             v.base_url, v.model, api_key_env=v.api_key_env or None, concurrency=v.concurrency,
             max_retries=v.max_retries, timeout=v.timeout_seconds, cache_dir=v.cache_dir or None,
             mode=v.granularity, scoring=v.scoring, max_tokens=v.max_new_tokens, seed=config.train.seed)
+    from orsd.train.model import DTYPES, resolve_autocast
+
+    precision = resolve_autocast(frozen_model, config.model.autocast).autocast  # the run's, as every forward
     return rubric.LocalVerifier(frozen_model, tokenizer, mode=v.granularity, scoring=v.scoring,
                                 max_new_tokens=v.max_new_tokens,
-                                max_prompt_tokens=config.rollout.max_context_tokens)
+                                max_prompt_tokens=config.rollout.max_context_tokens,
+                                autocast_dtype=DTYPES[precision] if precision else None)
 
 
 def make_env(config):
@@ -40,7 +45,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
     import torch
 
     from orsd.train import distributed
-    from orsd.train.model import configure_threads, frozen_copy, load_policy, load_tokenizer, resolve_autocast
+    from orsd.train.model import (configure_threads, frozen_copy, load_policy, load_tokenizer, release_memory,
+                                  resolve_autocast)
     from orsd.train.trainer import Trainer
     from orsd.train.warmstart import run_warm_start
 
@@ -58,18 +64,20 @@ def build(config, run_dir=None, resume_from=None, log=print):
     env = make_env(config)
     warm_losses = []
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
+    if m.gradient_checkpointing:  # before the warm start, whose micro-batches it shrinks as the update's
+        policy.gradient_checkpointing_enable()
     if resume_from is not None:
         source = reference_dir if reference_dir and reference_dir.exists() else m.path
-        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed))
+        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed),
+                                precision.autocast)
     else:
         if config.warm_start.enabled:
             warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
             if reference_dir is not None and (dist is None or dist.is_main):
                 policy.save_pretrained(reference_dir)
                 tokenizer.save_pretrained(reference_dir)
-        reference = frozen_copy(policy)  # π_ref: the policy as RL starts (after any warm start)
-    if m.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
+    release_memory()  # the warm start's optimizer, gradients and activations are gone
     verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
     engine = build_engine(config, policy, tokenizer, run_dir, dist)
     ds_engine = distributed.wrap(policy, config) if dist else None
@@ -77,6 +85,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
                       ds_engine=ds_engine)
     trainer.environment["ops_self_check"] = ops_check
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
+    trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     return trainer, warm_losses
 
 

@@ -296,6 +296,9 @@ class OptimConfig:
                                   ge=1)
     micro_batch_size: int = doc(0, "turn records per micro-batch per rank, the paper's unit (Table 4: WebShop 1, "
                                 "ALFWorld 2); 0 = pack records up to micro_batch_tokens instead", ge=0)
+    lm_head: str = doc("fused", "the update's LM head + log-softmax: fused (ops.lm_head_logprobs, forward and backward "
+                       "without a tokens x vocab tensor) | chunked (torch in checkpointed 1,024-token chunks, the "
+                       "reference); the warm start uses the same", choices=("fused", "chunked"))
     old_logprobs: str = doc("replay", "pi_old of the PPO ratio: replay (recomputed by the trainer before the "
                             "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)",
                             choices=("replay", "rollout"))

@@ -58,7 +58,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
            advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, micro_batch_size: int = 0,
            clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
-           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None) -> dict:
+           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None,
+           lm_head: str = "fused") -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -92,7 +93,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         chunking = ({} if distill is None
                     else {"chunk_term": distill.chunk_term(flat), "chunk_tokens": distill.chunk_tokens})
         logprobs, entropy, chunk_values = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions,
-                                                         temperature, precision=precision, **chunking)
+                                                         temperature, precision=precision, lm_head=lm_head,
+                                                         **chunking)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
                                advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
         f = terms.loss  # f_p of Eq. 14

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import gc
 import importlib.util
 import json
 import os
@@ -106,12 +108,38 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
     return model.to(resolve_device(device))
 
 
-def frozen_copy(model):
-    """A frozen, eval-mode deep copy: the reference policy and the local verifier share one."""
+def frozen_copy(model, matmul_dtype: str = ""):
+    """A frozen, eval-mode deep copy: the reference policy and the local verifier share one.
+
+    deepcopy also copies each parameter's `.grad`; a frozen copy never uses one, so none is kept
+    (after a warm start that was a hidden second copy of the policy's size). With `matmul_dtype`
+    (the run's autocast dtype) the linear layers' weights are stored in it: autocast casts them to it
+    before every matmul anyway, so under autocast the results are the same and SmolLM2's copy shrinks
+    from 540 to 330 MB; embeddings, norms and a head tied to the embeddings keep their dtype. Such a
+    copy must then only run under that autocast."""
     clone = copy.deepcopy(model)
     clone.eval()
     clone.requires_grad_(False)
+    for parameter in clone.parameters():
+        parameter.grad = None
+    if matmul_dtype:
+        embedding = clone.get_input_embeddings().weight
+        for module in clone.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+                module.to(DTYPES[matmul_dtype])
     return clone
+
+
+def release_memory() -> None:
+    """Hand memory freed by a phase (warm start, update) back to the OS. glibc keeps freed heap
+    pages resident for reuse; after a phase whose tensors had other sizes than the next one's they
+    are seldom reused, and the run's RSS only grew (the default run: 6.2 GB resident after its
+    warm start with 2.1 GB live). malloc_trim returns every free page; a no-op off glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def autocast(model, dtype_name: str):
@@ -123,6 +151,13 @@ def autocast(model, dtype_name: str):
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
     return torch.autocast(device, dtype=DTYPES[dtype_name])
+
+
+def autocast_dtype(model, dtype_name: str) -> torch.dtype | None:
+    """The dtype `autocast(model, dtype_name)` computes matmuls in (None: no autocast)."""
+    if dtype_name == "auto":
+        dtype_name = resolve_autocast(model, "auto").autocast
+    return DTYPES[dtype_name] if dtype_name else None
 
 
 def configure_threads(threads: int) -> int:

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from orsd import ops
 
 from .distributed import gathered
-from .model import autocast
+from .model import autocast, autocast_dtype
 from .records import TurnRecord
 
 
@@ -206,23 +206,32 @@ def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
                    temperature: float, chunk_tokens: int = 1024, precision: str = "",
-                   chunk_term=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   chunk_term=None, lm_head: str = "fused") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Differentiable log-probs, detached entropies and, with `chunk_term`, a differentiable
     per-token term of the response tokens of one micro-batch.
 
-    The LM head and log-softmax run in checkpointed token chunks, so at most
-    chunk_tokens × vocab logits are alive at once, in the forward and the backward.
+    `lm_head="fused"`: ops.lm_head_logprobs takes the log-probs and entropies straight from the
+    hidden states and the LM head, forward and backward, never holding a tokens × vocab tensor
+    (the head's weight is read as the autocast dtype, as autocast would cast it for the matmul).
+    `lm_head="chunked"` (the reference; also used whenever the fused op cannot serve: a
+    `chunk_term`, a head with a bias, a ZeRO-3-partitioned head): the LM head and log-softmax run
+    in checkpointed token chunks, so at most chunk_tokens × vocab logits are alive at once.
     `chunk_term = (fn, tensors)`: fn(log-softmax [c, V], *rows c of each tensor) -> [c] runs inside
     the same checkpointed chunk, for a term that needs the whole distribution (a distillation
     divergence) without a tokens × vocab tensor beyond the chunk. `precision` autocasts the forward
     only: autocast must not reach the backward or the optimizer step (seen here: with both under
     CPU bf16 autocast, SmolLM2's warm start stopped learning).
     """
+    if lm_head not in ("fused", "chunked"):
+        raise ValueError(f"lm_head: {lm_head!r}; expected 'fused' or 'chunked'")
     fn, extra = chunk_term if chunk_term is not None else (None, ())
     with autocast(model, precision):
         hidden = _hidden_rows(model, ids, cu, batch, positions)
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
+        if lm_head == "fused" and fn is None and fused_head_serves(head):
+            lp, entropy = _fused_head(model, head, hidden, targets, temperature, autocast_dtype(model, precision))
+            return lp, entropy.detach(), None
         lps, entropies, terms = [], [], []
         for start in range(0, len(targets), chunk_tokens):
             rows = slice(start, start + chunk_tokens)
@@ -232,6 +241,22 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
             entropies.append(entropy.detach())
             terms.append(term)
     return torch.cat(lps), torch.cat(entropies), (torch.cat(terms) if fn is not None else None)
+
+
+def fused_head_serves(head) -> bool:
+    """Whether ops.lm_head_logprobs can stand in for `head` + log-softmax: a bias-free Linear whose
+    weight is a whole tensor (a ZeRO-3-partitioned one is gathered only by the module's own hooks)."""
+    return isinstance(head, torch.nn.Linear) and head.bias is None and not hasattr(head.weight, "ds_id")
+
+
+def _fused_head(model, head, hidden, targets, temperature, dtype):
+    """(lp, entropy) through the native op, with the model's soft-capping and logit scale."""
+    weight = head.weight if dtype is None else head.weight.to(dtype)
+    return ops.lm_head_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(), targets,
+                                temperature=temperature,
+                                softcap=float(getattr(model.config, "final_logit_softcapping", None) or 0.0),
+                                logit_scale=float(getattr(model.config, "logit_scale", None) or 1.0),
+                                return_entropy=True)
 
 
 def _chunk_logprobs(model, head, hidden, targets, temperature, fn=None, *extra):

@@ -29,7 +29,7 @@ from .distill import DistillTerm, Teacher, teacher_pass
 from .distributed import deepspeed_backward, gathered
 from .loss import update
 from .metrics import combine, tagged, values
-from .model import autocast
+from .model import autocast, release_memory
 from .optim import build_optimizer, warmup_schedule
 from .records import Group, group_record
 from .replay import ReplayResult, paired_replay, replay_logprobs
@@ -251,13 +251,15 @@ class Trainer:
         old = replay.old_logprobs if o.old_logprobs == "replay" else replay.rollout_logprobs
         distill = (DistillTerm(self.method.distillation, teacher, self.config.rollout.temperature)
                    if teacher is not None else None)
-        return update(self.policy, self.optimizer, p, old, reference, replay.advantages,
-                      temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
-                      micro_batch_size=o.micro_batch_size, clip_eps=o.clip_eps, dual_clip=o.dual_clip,
-                      log_ratio_clamp=o.log_ratio_clamp, kl_coef=o.kl_coef, grad_clip=o.grad_clip,
-                      lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
-                      scheduler=None if self.ds_engine is not None else self.scheduler,
-                      precision=self.config.model.autocast, distill=distill)
+        metrics = update(self.policy, self.optimizer, p, old, reference, replay.advantages,
+                         temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
+                         micro_batch_size=o.micro_batch_size, clip_eps=o.clip_eps, dual_clip=o.dual_clip,
+                         log_ratio_clamp=o.log_ratio_clamp, kl_coef=o.kl_coef, grad_clip=o.grad_clip,
+                         lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
+                         scheduler=None if self.ds_engine is not None else self.scheduler,
+                         precision=self.config.model.autocast, distill=distill, lm_head=o.lm_head)
+        release_memory()  # the micro-batches' activations are freed: their pages go back before the next rollout
+        return metrics
 
     def save_policy(self, path) -> None:
         """An HF-loadable copy of the current policy; under ZeRO-3 all ranks gather, rank 0 writes."""

@@ -98,7 +98,8 @@ def answer_ids(tokenizer, text: str) -> list[int]:
 
 
 def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int, seed: int = 0,
-               progress=None, precision: str = "", micro_batch_tokens: int = 2048) -> list[float]:
+               progress=None, precision: str = "", micro_batch_tokens: int = 2048,
+               lm_head: str = "fused") -> list[float]:
     """Cross-entropy on the demonstration answers only (mean over a batch's answer tokens);
     returns the loss of every optimizer step. Each batch of `batch_size` demonstrations is split
     into micro-batches of at most `micro_batch_tokens` padded tokens, so memory stays bounded
@@ -118,7 +119,7 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
             for batch in budget_batches(packed.lengths, micro_batch_tokens):
                 positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
                 logprobs, _, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
-                                                precision=precision)
+                                                precision=precision, lm_head=lm_head)
                 loss = -logprobs.sum() / answer_tokens
                 loss.backward()
                 total += float(loss.detach())
@@ -127,6 +128,7 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
             losses.append(total)
             if progress is not None:
                 progress(total)
+    optimizer.zero_grad(set_to_none=True)  # the fit's gradients: a model's size, and no use to what follows
     return losses
 
 
@@ -164,7 +166,8 @@ def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
             bar.update()
 
         losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
-                            precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens)
+                            precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens,
+                            lm_head=config.optim.lm_head)
     log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
         f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
         f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")

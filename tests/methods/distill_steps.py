@@ -50,7 +50,8 @@ def make_trainer(config, model, tokenizer, verifier=None) -> Trainer:
 def gradients(trainer: Trainer, groups) -> tuple[list[torch.Tensor], object]:
     """The gradient of one step's loss (kept in .grad after the optimizer step) and its result."""
     result = trainer.step(copy.deepcopy(groups))
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in trainer.policy.parameters()], result
+    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in trainer.policy.parameters()]
+    return grads, result
 
 
 def grpo_batch(model, tokenizer):

@@ -65,9 +65,9 @@ def test_divergence_is_capped_at_ten_without_gradient_above():
 
 
 def turn(response_ids, text="go"):
-    return TurnRecord(turn=0, context_ids=[1, 2, 3], response_ids=response_ids, rollout_logprobs=[0.0] * len(response_ids),
-                      rubric_slot=1, response_text=text, action=None, observation="", valid_action=False,
-                      no_progress=False, truncated=False, context_truncated=False)
+    return TurnRecord(turn=0, context_ids=[1, 2, 3], response_ids=response_ids,
+                      rollout_logprobs=[0.0] * len(response_ids), rubric_slot=1, response_text=text, action=None,
+                      observation="", valid_action=False, no_progress=False, truncated=False, context_truncated=False)
 
 
 def test_first_and_last_one_percent_of_each_response_are_masked():
@@ -95,8 +95,8 @@ def test_injection_teacher_sees_the_turn_response_and_the_unexplored_criteria():
     assert out.coef == pytest.approx([2 * 0.5 * 0.2])  # β̃ = 2·s·β
     assert out.metrics["cripo_unexplored_criteria"][0] == 1 and out.metrics["cripo_suppressed_criteria"][0] == 1
     spec = method.distillation
-    assert (spec.divergence, spec.beta, spec.top_k, spec.tail, spec.clamp, spec.edge_fraction) == ("topk", 0.0, 64, True,
-                                                                                                    10.0, 0.01)
+    assert (spec.divergence, spec.beta, spec.top_k, spec.tail) == ("topk", 0.0, 64, True)  # forward KL, top-64
+    assert (spec.clamp, spec.edge_fraction) == (10.0, 0.01)
 
 
 @pytest.mark.slow

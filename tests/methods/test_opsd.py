@@ -62,7 +62,8 @@ def direct_loss(spec: Distillation, student, teacher, records, privileged, tempe
     for record, extra in zip(records, privileged):
         n = len(record.response_ids)
         ids = record.context_ids + record.response_ids
-        spliced = record.context_ids[:record.rubric_slot] + extra + record.context_ids[record.rubric_slot:] + record.response_ids
+        slot = record.rubric_slot
+        spliced = record.context_ids[:slot] + extra + record.context_ids[slot:] + record.response_ids
         p = torch.log_softmax(student(torch.tensor([ids])).logits[0, -n - 1:-1].double() / temperature, -1)
         with torch.no_grad():
             q = torch.log_softmax(teacher(torch.tensor([spliced])).logits[0, -n - 1:-1].double() / temperature, -1)
@@ -80,8 +81,9 @@ def direct_loss(spec: Distillation, student, teacher, records, privileged, tempe
         if spec.divergence == "topk":
             top = qs.topk(spec.top_k, -1).indices
             ps, qs = ps.gather(-1, top), qs.gather(-1, top)
-            if spec.tail:
-                ps, qs = torch.cat([ps, 1 - ps.sum(-1, keepdim=True)], -1), torch.cat([qs, 1 - qs.sum(-1, keepdim=True)], -1)
+            if spec.tail:  # the (k+1)-th bucket: what the k ids leave
+                ps = torch.cat([ps, 1 - ps.sum(-1, keepdim=True)], -1)
+                qs = torch.cat([qs, 1 - qs.sum(-1, keepdim=True)], -1)
             else:
                 ps, qs = ps / ps.sum(-1, keepdim=True), qs / qs.sum(-1, keepdim=True)
         if spec.beta == 0.0:  # OPSD's special cases: the mixture form itself vanishes at β = 0 and 1

@@ -114,6 +114,24 @@ def test_prompt_too_long_is_recorded(tiny_model, tiny_tokenizer):
     assert [e.reason for e in json_verifier.drain_events()] == ["prompt_too_long"]
 
 
+def test_autocast_reaches_the_forwards_on_the_worker_thread(tiny_model, tiny_tokenizer):
+    """Autocast is per thread and score() runs the forwards on a worker thread: the verifier's own
+    autocast_dtype must apply there. A copy whose linear weights are stored in bf16 then scores as
+    the fp32 model does under bf16 autocast, and fails without it (fp32 inputs, bf16 weights)."""
+    from orsd.train.model import frozen_copy
+
+    bf16_weights = frozen_copy(tiny_model, "bfloat16")
+    assert bf16_weights.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    stored = LocalVerifier(bf16_weights, tiny_tokenizer, autocast_dtype=torch.bfloat16)
+    cast = LocalVerifier(tiny_model, tiny_tokenizer, autocast_dtype=torch.bfloat16)
+    plain = LocalVerifier(tiny_model, tiny_tokenizer)
+    a, b, c = (v.score(TASK, TRANSCRIPTS, BUNDLES[0]) for v in (stored, cast, plain))
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 0  # bf16 really ran
+    with pytest.raises(RuntimeError):
+        LocalVerifier(bf16_weights, tiny_tokenizer).score(TASK, TRANSCRIPTS, BUNDLES[0])
+
+
 def test_frozen_model_untouched(tiny_model, tiny_tokenizer):
     before = {name: p.detach().clone() for name, p in tiny_model.named_parameters()}
     LocalVerifier(tiny_model, tiny_tokenizer).score(TASK, TRANSCRIPTS[:1], BUNDLES[0])

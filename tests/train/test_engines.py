@@ -27,3 +27,58 @@ def test_vllm_engine_refuses_the_ban_in_config():
     with pytest.raises(ConfigError, match="rubric.no_repeat_ngram_size"):
         load_config(None, ["rollout.engine=vllm", "rubric.no_repeat_ngram_size=4"])
     assert load_config(None, ["rubric.no_repeat_ngram_size=4"]).rubric.no_repeat_ngram_size == 4
+
+
+class GroupedAttention(torch.nn.Module):
+    """What transformers' attention functions read from the attention module."""
+
+    num_key_value_groups = 3
+    is_causal = True
+
+
+def test_decode_attention_equals_transformers_sdpa():
+    """One query token, a left-padding mask: the query heads sharing a key/value head as rows of it
+    give transformers' repeat-the-cache result."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from orsd.engines.hf import gqa_decode_attention
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(shape, generator=generator) for shape in
+                         [(3, 6, 1, 16), (3, 2, 11, 16), (3, 2, 11, 16)])
+    mask = torch.ones(3, 1, 1, 11, dtype=torch.bool)
+    mask[0, ..., :4] = mask[2, ..., :1] = False  # rows 0 and 2 were left-padded
+    module = GroupedAttention()
+    for attention_mask in (mask, None):
+        expected, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=0.25)
+        got, _ = gqa_decode_attention(module, query, key, value, attention_mask, scaling=0.25)
+        assert got.shape == expected.shape == (3, 1, 6, 16)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # under bf16 autocast the cache holds fp32 keys (after the rotary embedding) and bf16 values
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, _ = sdpa_attention_forward(module, query, key, value.bfloat16(), mask, scaling=0.25)
+        got, _ = gqa_decode_attention(module, query, key, value.bfloat16(), mask, scaling=0.25)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=2e-2)
+    prefill = torch.randn(3, 6, 11, 16, generator=generator)  # more than one query token: transformers' own path
+    expected, _ = sdpa_attention_forward(module, prefill, key, value, None, scaling=0.25)
+    assert torch.equal(gqa_decode_attention(module, prefill, key, value, None, scaling=0.25)[0], expected)
+
+
+def test_generation_with_decode_attention_equals_plain_sdpa(tiny_model, tiny_tokenizer, monkeypatch):
+    """Padded prompts of different lengths, greedy: the same ids and log-probs (fp32), and the model
+    is back on sdpa afterwards."""
+    import contextlib
+
+    from orsd.engines import hf
+
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False)
+               for text in ("the agent clicks", "Task: put a clean apple in the fridge.", "yes no")]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    sampling = Sampling(max_new_tokens=12, greedy=True)
+    fast = engine.generate(prompts, sampling)
+    assert tiny_model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(hf, "decode_attention", lambda model: contextlib.nullcontext())
+    plain = engine.generate(prompts, sampling)
+    for a, b in zip(fast, plain):
+        assert a.ids == b.ids and len(a.ids) > 1
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

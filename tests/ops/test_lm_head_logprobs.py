@@ -1,0 +1,368 @@
+"""lm_head_logprobs: values and gradients (w.r.t. hidden and weight, through lp and entropy) equal
+torch autograd on the full-logits reference below, on awkward shapes, on every CPU instruction set
+(the bf16 GEMM kernel runs on the avx512 set when the CPU has AVX512-BF16, MKL on the others),
+without a T x V allocation, reproducibly; bad input raises ValueError naming the argument."""
+
+from __future__ import annotations
+
+import importlib
+import types
+import warnings
+
+import pytest
+import torch
+from _memory import peak_rss_growth_bytes
+from hypothesis import given
+from hypothesis import strategies as st
+
+import orsd.ops
+from orsd.ops import fused_token_logprobs, lm_head_logprobs
+
+op_module = importlib.import_module("orsd.ops.lm_head_logprobs")
+backend_module = importlib.import_module("orsd.ops._backend")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def reference(hidden, weight, targets, temperature=1.0, softcap=0.0, logit_scale=1.0):
+    """The spec: full f64 logits of the given values, log_softmax, the target's entry, and the
+    entropy -sum p log p (entr(0) = 0). Returns (lp, entropy, hidden_leaf, weight_leaf)."""
+    hidden64 = hidden.detach().double().requires_grad_()
+    weight64 = weight.detach().double().requires_grad_()
+    logits = hidden64 @ weight64.T
+    if softcap > 0:
+        logits = torch.tanh(logits / softcap) * softcap
+    log_p = torch.log_softmax(logits * logit_scale / temperature, dim=-1)
+    lp = log_p.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = torch.special.entr(log_p.exp()).sum(-1)
+    return lp, entropy, hidden64, weight64
+
+
+def make_inputs(T, H, V, dtype, device, *, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(T, H, generator=g).to(dtype)
+    weight = (torch.randn(V, H, generator=g) * scale / max(H, 1) ** 0.5 * 3).to(dtype)
+    targets = torch.randint(0, V, (T,), generator=g)
+    return hidden.to(device).requires_grad_(), weight.to(device).requires_grad_(), targets.to(device)
+
+
+# Gradient tolerance relative to the largest reference gradient: f32 is exact up to summation
+# order; 16-bit inputs round dL/dz and the result to the input dtype (as torch autograd does).
+GRAD_TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 3e-3}
+
+
+def assert_close_scaled(got, want, dtype, what):
+    # The floor of 0.1 covers gradients that vanish exactly (e.g. V = 1: p = 1 at the target),
+    # where rounding leaves ~1e-7 (the scale of |dL/dy| x |W| with unit inputs).
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 0.1)
+    tol = GRAD_TOLERANCE[dtype]
+    torch.testing.assert_close(
+        got.double().cpu(), want.cpu(), atol=tol * scale, rtol=tol, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def check_against_reference(hidden, weight, targets, *, temperature=1.0, softcap=0.0, logit_scale=1.0, seed=1):
+    """Forward values and both gradients through a random mix of lp and entropy."""
+    lp, entropy = lm_head_logprobs(
+        hidden, weight, targets, temperature=temperature, softcap=softcap, logit_scale=logit_scale,
+        return_entropy=True,
+    )  # fmt: skip
+    ref_lp, ref_entropy, hidden64, weight64 = reference(hidden, weight, targets, temperature, softcap, logit_scale)
+    assert lp.dtype == entropy.dtype == torch.float32 and lp.shape == entropy.shape == (hidden.shape[0],)
+    torch.testing.assert_close(lp.double().cpu(), ref_lp.detach().cpu(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(entropy.double().cpu(), ref_entropy.detach().cpu(), atol=1e-4, rtol=1e-5)
+
+    g = torch.Generator().manual_seed(seed)
+    grad_lp = torch.randn(lp.shape, generator=g).to(lp.device)
+    grad_entropy = torch.randn(lp.shape, generator=g).to(lp.device)
+    hidden.grad = weight.grad = None
+    (lp * grad_lp + entropy * grad_entropy).sum().backward()
+    (ref_lp * grad_lp.double() + ref_entropy * grad_entropy.double()).sum().backward()
+    assert hidden.grad.dtype == hidden.dtype and weight.grad.dtype == weight.dtype
+    assert_close_scaled(hidden.grad, hidden64.grad, hidden.dtype, "grad_hidden")
+    assert_close_scaled(weight.grad, weight64.grad, weight.dtype, "grad_weight")
+
+
+# ---- values and gradients ----------------------------------------------------------------------
+
+SHAPES = [
+    (1, 8, 5),  # one token, tiny vocabulary
+    (37, 20, 3001),  # V not a multiple of the vocabulary block (1024)
+    (97, 33, 2049),  # odd H (MKL path for bf16 too), T just past one token block (96)
+    (200, 64, 1025),  # several token blocks, one vocabulary row past a block
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("T, H, V", SHAPES)
+def test_values_and_gradients_match_reference(device, T, H, V, dtype):
+    hidden, weight, targets = make_inputs(T, H, V, dtype, device)
+    check_against_reference(hidden, weight, targets)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize(
+    "temperature, softcap, logit_scale", [(0.6, 0.0, 1.0), (1.3, 0.0, 1.0), (1.0, 5.0, 1.0), (0.8, 3.0, 0.25)]
+)
+def test_temperature_softcap_and_logit_scale(device, dtype, temperature, softcap, logit_scale):
+    hidden, weight, targets = make_inputs(50, 32, 1500, dtype, device, scale=4.0)
+    check_against_reference(hidden, weight, targets, temperature=temperature, softcap=softcap, logit_scale=logit_scale)
+
+
+@given(
+    T=st.integers(0, 40),
+    H=st.integers(1, 40),
+    V=st.integers(1, 1200),
+    dtype=st.sampled_from(DTYPES),
+    temperature=st.sampled_from([1.0, 0.7, 1.6]),
+    softcap=st.sampled_from([0.0, 2.0, 30.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_shapes_match_reference(T, H, V, dtype, temperature, softcap, seed):
+    hidden, weight, targets = make_inputs(T, H, V, dtype, "cpu", seed=seed)
+    check_against_reference(hidden, weight, targets, temperature=temperature, softcap=softcap, seed=seed)
+
+
+def test_zero_tokens(device):
+    hidden, weight, targets = make_inputs(0, 8, 50, torch.bfloat16, device)
+    lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+    assert lp.shape == entropy.shape == (0,)
+    (lp.sum() + entropy.sum()).backward()
+    assert hidden.grad.shape == (0, 8)
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_equals_fused_token_logprobs_forward(device):
+    hidden, weight, targets = make_inputs(45, 64, 3000, torch.bfloat16, device)
+    with torch.no_grad():
+        lp = lm_head_logprobs(hidden, weight, targets, temperature=0.9)
+        expected = fused_token_logprobs(hidden, weight, targets, temperature=0.9)
+    torch.testing.assert_close(lp, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_lp_only_and_entropy_only_gradients(device):
+    hidden, weight, targets = make_inputs(30, 16, 700, torch.float32, device)
+    lp = lm_head_logprobs(hidden, weight, targets, temperature=0.8)
+    lp.sum().backward()
+    ref_lp, _, hidden64, weight64 = reference(hidden, weight, targets, 0.8)
+    ref_lp.sum().backward()
+    assert_close_scaled(hidden.grad, hidden64.grad, torch.float32, "grad_hidden (lp only)")
+    assert_close_scaled(weight.grad, weight64.grad, torch.float32, "grad_weight (lp only)")
+
+    hidden.grad = weight.grad = None
+    _, entropy = lm_head_logprobs(hidden, weight, targets, temperature=0.8, return_entropy=True)
+    entropy.sum().backward()  # lp unused: its gradient is None, the kernel reads it as zeros
+    _, ref_entropy, hidden64, weight64 = reference(hidden, weight, targets, 0.8)
+    ref_entropy.sum().backward()
+    assert_close_scaled(hidden.grad, hidden64.grad, torch.float32, "grad_hidden (entropy only)")
+    assert_close_scaled(weight.grad, weight64.grad, torch.float32, "grad_weight (entropy only)")
+
+
+def test_frozen_head_or_frozen_hidden(device):
+    hidden, weight, targets = make_inputs(20, 16, 300, torch.bfloat16, device)
+    weight.requires_grad_(False)
+    lm_head_logprobs(hidden, weight, targets).sum().backward()
+    assert hidden.grad is not None and weight.grad is None
+    ref_lp, _, hidden64, _ = reference(hidden, weight, targets)
+    ref_lp.sum().backward()
+    assert_close_scaled(hidden.grad, hidden64.grad, torch.bfloat16, "grad_hidden (frozen head)")
+
+    hidden = hidden.detach()
+    weight.requires_grad_(True)
+    lm_head_logprobs(hidden, weight, targets).sum().backward()
+    ref_lp, _, _, weight64 = reference(hidden, weight, targets)
+    ref_lp.sum().backward()
+    assert_close_scaled(weight.grad, weight64.grad, torch.bfloat16, "grad_weight (frozen hidden)")
+
+
+def test_no_grad_forward_saves_nothing_and_matches(device):
+    hidden, weight, targets = make_inputs(10, 16, 300, torch.float32, device)
+    with torch.no_grad():
+        lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+    assert not lp.requires_grad and not entropy.requires_grad
+    ref_lp, ref_entropy, _, _ = reference(hidden, weight, targets)
+    torch.testing.assert_close(lp.double().cpu(), ref_lp.detach().cpu(), atol=1e-4, rtol=1e-5)
+
+
+def test_bf16_gradients_at_least_as_accurate_as_torch_autograd(device):
+    # The plain way in a bf16 model: autograd through bf16 leaves with f32 logits.
+    hidden, weight, targets = make_inputs(64, 48, 2000, torch.bfloat16, device, scale=3.0)
+    lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+    (lp.sum() + 0.3 * entropy.sum()).backward()
+    ref_lp, ref_entropy, hidden64, weight64 = reference(hidden, weight, targets)
+    (ref_lp.sum() + 0.3 * ref_entropy.sum()).backward()
+
+    plain_hidden, plain_weight = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    log_p = torch.log_softmax((plain_hidden @ plain_weight.T).float(), dim=-1)
+    plain_lp = log_p.gather(-1, targets[:, None]).squeeze(-1)
+    (plain_lp.sum() + 0.3 * torch.special.entr(log_p.exp()).sum()).backward()
+
+    for ours, plain, exact in ((hidden.grad, plain_hidden.grad, hidden64.grad), (weight.grad, plain_weight.grad, weight64.grad)):
+        our_error = (ours.double() - exact).abs().max().item()
+        plain_error = (plain.double() - exact).abs().max().item()
+        assert our_error <= 1.25 * plain_error, (our_error, plain_error)
+
+
+def test_all_negative_and_huge_logits(device):
+    hidden, weight, targets = make_inputs(8, 4, 500, torch.float32, device)
+    with torch.no_grad():
+        hidden[:, 0] = 1.0
+    for bias in (-300.0, 3000.0):
+        with torch.no_grad():
+            weight[:, 0] = bias  # every logit about `bias`: all negative, or huge
+        lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+        ref_lp, ref_entropy, _, _ = reference(hidden, weight, targets)
+        torch.testing.assert_close(lp.double().cpu(), ref_lp.detach().cpu(), atol=1e-3, rtol=1e-5)
+        torch.testing.assert_close(entropy.double().cpu(), ref_entropy.detach().cpu(), atol=1e-3, rtol=1e-5)
+
+
+def test_nan_row_gives_nan_only_there(device):
+    hidden, weight, targets = make_inputs(5, 8, 100, torch.float32, device)
+    with torch.no_grad():
+        hidden[2, 3] = float("nan")
+    lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+    assert torch.isnan(lp[2]) and torch.isnan(entropy[2])
+    assert torch.isfinite(lp[[0, 1, 3, 4]]).all() and torch.isfinite(entropy[[0, 1, 3, 4]]).all()
+    lp.sum().backward()
+    assert torch.isnan(hidden.grad[2]).all() and torch.isfinite(hidden.grad[[0, 1, 3, 4]]).all()
+
+
+# ---- CPU specifics -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_bitwise_reproducible_and_independent_of_thread_count(cpu_isa, dtype):
+    hidden, weight, targets = make_inputs(150, 64, 2500, dtype, "cpu")
+
+    def run(threads):
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            hidden.grad = weight.grad = None
+            lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+            (lp.sum() - entropy.sum()).backward()
+            return lp, entropy, hidden.grad.clone(), weight.grad.clone()
+        finally:
+            torch.set_num_threads(saved)
+
+    first = run(2)
+    for again in (run(2), run(1)):
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_forward_and_backward_allocate_nothing_of_size_t_by_v():
+    hidden, weight, targets = make_inputs(2048, 16, 65_536, torch.bfloat16, "cpu")
+
+    def step():
+        lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+        (lp.sum() + entropy.sum()).backward()
+
+    step()  # first-call setup (GEMM lookup, page-in) outside the measurement
+    hidden.grad = weight.grad = None
+    growth = peak_rss_growth_bytes(step)
+    # T x V f32 would be 512 MiB. Ours: dL/dz for one vocabulary block (T x 1024 bf16, 4 MiB),
+    # packed hidden and grad_hidden in f32 (well under 1 MiB each here) and the gradients (2 MiB).
+    assert growth < 48 * 2**20, f"peak RSS grew by {growth / 2**20:.1f} MiB"
+
+
+# ---- fallbacks ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def without_native(monkeypatch):
+    monkeypatch.setattr(backend_module, "_C", None)
+    monkeypatch.setattr(backend_module, "_IMPORT_ERROR", ImportError("simulated"))
+    monkeypatch.setattr(backend_module, "_warned_reference", False)
+
+
+def test_missing_extension_falls_back_loudly_and_matches(without_native):
+    hidden, weight, targets = make_inputs(1100, 8, 60, torch.float32, "cpu")  # two fallback chunks
+    with pytest.warns(RuntimeWarning, match="pure-torch reference"):
+        lp, entropy = orsd.ops.lm_head_logprobs(hidden, weight, targets, temperature=0.9, return_entropy=True)
+    ref_lp, ref_entropy, hidden64, weight64 = reference(hidden, weight, targets, 0.9)
+    torch.testing.assert_close(lp.double(), ref_lp.detach(), atol=1e-4, rtol=1e-5)
+    (lp.sum() + entropy.sum()).backward()
+    (ref_lp.sum() + ref_entropy.sum()).backward()
+    assert_close_scaled(hidden.grad, hidden64.grad, torch.float32, "grad_hidden (fallback)")
+    assert_close_scaled(weight.grad, weight64.grad, torch.float32, "grad_weight (fallback)")
+
+
+def test_extension_built_before_the_op_falls_back_loudly(monkeypatch):
+    stale = types.SimpleNamespace(**{
+        name: getattr(backend_module._C, name) for name in dir(backend_module._C) if not name.startswith("lm_head")
+    })  # fmt: skip
+    monkeypatch.setattr(backend_module, "_C", stale)
+    monkeypatch.setattr(op_module, "_warned_fallback", False)
+    hidden, weight, targets = make_inputs(6, 8, 40, torch.float32, "cpu")
+    with pytest.warns(RuntimeWarning, match="rebuild"):
+        lp = lm_head_logprobs(hidden, weight, targets)
+    torch.testing.assert_close(lp.double(), reference(hidden, weight, targets)[0].detach(), atol=1e-4, rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        lm_head_logprobs(hidden, weight, targets)
+
+
+def test_validation_still_runs_without_native(without_native):
+    hidden, weight, _ = make_inputs(3, 8, 11, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="^targets"):
+        lm_head_logprobs(hidden, weight, torch.tensor([1, 2, 11]))
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+
+def good_args():
+    hidden, weight, targets = make_inputs(4, 8, 10, torch.float32, "cpu")
+    return {"hidden": hidden, "weight": weight, "targets": targets}
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("hidden", torch.zeros(4, 8, dtype=torch.float64)),
+        ("hidden", torch.zeros(32)),
+        ("hidden", torch.zeros(8, 4).T),
+        ("hidden", torch.zeros(4, 0)),
+        ("hidden", [[0.0] * 8] * 4),
+        ("weight", torch.zeros(10, 8, dtype=torch.bfloat16)),  # dtype differs from hidden
+        ("weight", torch.zeros(10, 7)),
+        ("weight", torch.zeros(0, 8)),
+        ("weight", torch.zeros(8, 10).T),
+        ("targets", torch.zeros(3, dtype=torch.int64)),
+        ("targets", torch.tensor([0, 1, 2, 10])),
+        ("targets", torch.tensor([0, -1, 2, 3])),
+        ("targets", torch.zeros(4, dtype=torch.int32)),
+        ("targets", torch.zeros(4, 1, dtype=torch.int64)),
+        ("temperature", 0),
+        ("temperature", -1.0),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", True),
+        ("softcap", -1.0),
+        ("softcap", float("nan")),
+        ("softcap", 1e-300),
+        ("logit_scale", 0.0),
+        ("logit_scale", float("inf")),
+        ("logit_scale", 1e39),
+        ("return_entropy", 1),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(name, bad):
+    args = good_args()
+    kwargs = {}
+    if name in args:
+        args[name] = bad
+    else:
+        kwargs[name] = bad
+    with pytest.raises(ValueError, match=rf"^{name}"):
+        lm_head_logprobs(**args, **kwargs)
+
+
+@pytest.mark.gpu
+def test_device_mismatch_raises_value_error():
+    hidden, weight, targets = make_inputs(4, 8, 10, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="^weight"):
+        lm_head_logprobs(hidden, weight.detach().cuda(), targets)
+    with pytest.raises(ValueError, match="^targets"):
+        lm_head_logprobs(hidden, weight, targets.cuda())
