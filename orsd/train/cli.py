@@ -318,6 +318,7 @@ def format_summary(s: dict) -> str:
 
 def eval_main(argv: list[str] | None = None) -> int:
     """`orsd-eval`: evaluate a checkpoint on held-out tasks (see orsd.train.evaluate)."""
+    sleeping_openmp_threads()  # as orsd-train: before evaluate imports torch
     from orsd.train.evaluate import main as evaluate_main
 
     return evaluate_main(argv)
