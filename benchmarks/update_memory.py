@@ -22,7 +22,6 @@ measurement runs in its own process, so no path inherits another's heap.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import subprocess
@@ -37,34 +36,22 @@ QWEN3_1P7B = dict(vocab_size=151_936, hidden_size=2048, intermediate_size=6144, 
 MiB = 2**20
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
 def _peak_extra(fn, device) -> tuple[float, float]:
-    """(MiB allocated at the peak beyond what was live before fn(), seconds fn() took)."""
+    """(MiB allocated at the peak beyond what was live before fn(), seconds fn() took): the op
+    benchmarks' measure (benchmarks/conftest.py), with fn() timed inside it."""
     import torch
+    from conftest import peak_extra_bytes
 
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+
+    def timed():
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / MiB, time.perf_counter() - start
-    ctypes.CDLL(None).malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # VmHWM := current RSS
-    before = _status_kib("VmRSS")
-    start = time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - start
-    return (_status_kib("VmHWM") - before) / 1024, seconds
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+
+    return peak_extra_bytes(timed, device) / MiB, seconds[0]
 
 
 def measure(what: str, tokens: int, response: int, device_name: str, layers: int) -> dict:
