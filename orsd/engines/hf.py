@@ -86,6 +86,8 @@ class HfEngine:
     def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
         from transformers import GenerationConfig
 
+        from .kv_cache import reserved_cache
+
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -104,7 +106,8 @@ class HfEngine:
         try:
             with decode_attention(self.model):
                 out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                          generation_config=config)
+                                          generation_config=config,
+                                          past_key_values=reserved_cache(self.model, width + sampling.max_new_tokens))
         finally:
             self.model.train(was_training)
         new_ids = out.sequences[:, width:].cpu()

@@ -202,7 +202,7 @@ class Trainer:
                     record_rubrics.append(ids if fits else None)
         return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
                              cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
-                             self.replay_lockstep)
+                             self.replay_lockstep, cfg.replay.share_prefix)
 
     def reference_logprobs(self, replay: ReplayResult) -> torch.Tensor:
         if not self.config.optim.kl_coef:

@@ -82,3 +82,50 @@ def test_generation_with_decode_attention_equals_plain_sdpa(tiny_model, tiny_tok
     for a, b in zip(fast, plain):
         assert a.ids == b.ids and len(a.ids) > 1
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_reserved_cache_generates_what_the_dynamic_cache_does(tiny_model, tiny_tokenizer, monkeypatch):
+    """Greedy decoding with room reserved ahead (engines/kv_cache.py) gives the ids and log-probs of
+    transformers' concatenating DynamicCache (fp32), here with too little room so the buffers grow."""
+    from transformers.cache_utils import DynamicCache
+
+    from orsd.engines import kv_cache
+
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False)
+               for text in ("the agent clicks", "Task: put a clean apple in the fridge.", "yes no")]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    sampling = Sampling(max_new_tokens=12, greedy=True)
+    made = []
+    original = kv_cache.reserved_cache
+
+    def small_room(model, capacity):
+        made.append(original(model, 4))  # less than one prompt: the first update already grows it
+        return made[-1]
+
+    monkeypatch.setattr(kv_cache, "reserved_cache", small_room)
+    reserved = engine.generate(prompts, sampling)
+    assert made and all(isinstance(layer, kv_cache.ReservedLayer) for layer in made[0].layers)
+    monkeypatch.setattr(kv_cache, "reserved_cache", lambda model, capacity: DynamicCache(config=model.config))
+    dynamic = engine.generate(prompts, sampling)
+    for a, b in zip(reserved, dynamic):
+        assert a.ids == b.ids and len(a.ids) > 1
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+
+
+def test_reserved_layer_writes_in_place_and_adopts_outside_changes():
+    from orsd.engines.kv_cache import ReservedLayer
+
+    layer = ReservedLayer(capacity=8)
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    keys, _ = layer.update(k, v)
+    buffer = layer._room[0]
+    step = torch.randn(2, 3, 1, 4)
+    keys, values = layer.update(step, step)
+    assert layer._room[0] is buffer and keys.data_ptr() == buffer.data_ptr()  # no copy of the cache
+    assert torch.equal(keys, torch.cat([k, step], dim=2)) and torch.equal(values, torch.cat([v, step], dim=2))
+    layer.batch_repeat_interleave(2)  # replaced from outside (as generate does for several samples per prompt)
+    keys, _ = layer.update(step.repeat_interleave(2, dim=0), step.repeat_interleave(2, dim=0))
+    assert keys.shape == (4, 3, 7, 4) and torch.equal(keys[1, :, :5], k[0]) and torch.equal(keys[3, :, 6], step[1, :, 0])
+    for _ in range(5):  # past the reserved room: grows, keeps everything
+        keys, _ = layer.update(step.repeat_interleave(2, dim=0), step.repeat_interleave(2, dim=0))
+    assert keys.shape[2] == 12 and torch.equal(keys[0, :, :5], k[0])

@@ -1,0 +1,105 @@
+"""Paired replay with the context before each record's slot forwarded once (replay.share_prefix)
+against the two whole forwards it replaces: the same log-probs, Δ and advantages, fewer tokens."""
+
+import random
+
+import pytest
+import torch
+
+from orsd.train.model import autocast
+from orsd.train.records import TurnRecord
+from orsd.train.replay import paired_replay
+
+
+def record(context, response, slot):
+    return TurnRecord(turn=0, context_ids=list(context), response_ids=list(response),
+                      rollout_logprobs=[0.0] * len(response), rubric_slot=slot, response_text="", action=None,
+                      observation="", valid_action=False, no_progress=False, truncated=False,
+                      context_truncated=False)
+
+
+def records_and_rubrics(seed=0, count=9):
+    """Contexts of 1-40 tokens, responses of 1-6, slots anywhere from 0 to the context's end (and -1:
+    no slot), two different rubrics and records without one, so batches mix every case."""
+    rng = random.Random(seed)
+    rubrics = [[rng.randrange(3, 90) for _ in range(5)], [rng.randrange(3, 90) for _ in range(9)]]
+    records, privileged = [], []
+    for i in range(count):
+        context = [rng.randrange(3, 90) for _ in range(rng.randint(1, 40))]
+        slot = [0, len(context), -1][i] if i < 3 else rng.randint(0, len(context))
+        records.append(record(context, [rng.randrange(3, 90) for _ in range(rng.randint(1, 6))], slot))
+        privileged.append(None if i % 4 == 3 or slot < 0 else rubrics[i % 2])
+    return records, privileged
+
+
+def tokens_forwarded(model, fn):
+    """Call fn() and count the tokens the decoder was given, padding (id 0, never a record's id here) aside."""
+    count = [0]
+
+    def hook(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        count[0] += int((ids != 0).sum())
+
+    handle = model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        out = fn()
+    finally:
+        handle.remove()
+    return out, count[0]
+
+
+@pytest.mark.parametrize("token_budget", [64, 4096])  # many small batches / one batch
+@pytest.mark.parametrize("fused", [True, False])
+def test_shared_prefix_equals_two_whole_passes(tiny_model, token_budget, fused):
+    records, privileged = records_and_rubrics()
+    advantages = [0.5 * i - 2 for i in range(len(records))]
+    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3, 0.8,  # noqa: E731
+                                      token_budget, fused, share_prefix=share)
+    shared, shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
+    whole, whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
+    assert shared.valid.sum() > 0 and torch.equal(shared.valid, whole.valid)
+    assert shared.old_logprobs.double().numpy() == pytest.approx(whole.old_logprobs.double().numpy(), abs=2e-5)
+    assert shared.delta.double().numpy() == pytest.approx(whole.delta.double().numpy(), abs=4e-5)
+    assert shared.advantages.double().numpy() == pytest.approx(whole.advantages.double().numpy(), abs=2e-5)
+    assert (shared.old_logprobs[shared.packed.response_mask] != 0).any()
+    # the context up to the slot (at most up to the token before the response, whose hidden state
+    # predicts its first token) of every eligible record is forwarded once instead of twice
+    saved = sum(min(r.rubric_slot, len(r.context_ids) - 1) for r, p in zip(records, privileged) if p is not None)
+    assert whole_tokens - shared_tokens == saved
+
+
+def test_shared_prefix_under_bf16_autocast(tiny_model):
+    """The default run replays under bf16 autocast: the two paths agree to bf16 precision."""
+    records, privileged = records_and_rubrics(seed=1)
+    advantages = [1.0] * len(records)
+    with autocast(tiny_model, "bfloat16"):
+        shared = paired_replay(tiny_model, records, advantages, privileged, 1.0, 1.0, 4096, share_prefix=True)
+        whole = paired_replay(tiny_model, records, advantages, privileged, 1.0, 1.0, 4096, share_prefix=False)
+    mask = shared.packed.response_mask
+    assert torch.isfinite(shared.old_logprobs).all() and torch.isfinite(shared.delta).all()
+    assert shared.old_logprobs[mask].numpy() == pytest.approx(whole.old_logprobs[mask].numpy(), abs=0.1)
+    assert shared.delta[mask].numpy() == pytest.approx(whole.delta[mask].numpy(), abs=0.15)
+
+
+def test_no_rubric_anywhere_gives_the_plain_pass(tiny_model):
+    """GRPO's replay (no privileged ids) goes through the same path; Δ = 0, e = 0, A = A_GRPO."""
+    records, _ = records_and_rubrics(seed=2)
+    advantages = [float(i) for i in range(len(records))]
+    shared = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5, 1.0, 128)
+    whole = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5, 1.0, 128, share_prefix=False)
+    assert not shared.valid.any() and (shared.delta == 0).all()
+    assert shared.old_logprobs.numpy() == pytest.approx(whole.old_logprobs.numpy(), abs=2e-5)
+    assert torch.equal(shared.advantages, whole.advantages)
+
+
+def test_prefix_batches_bound_the_padded_cost_and_keep_every_index():
+    from orsd.train.replay import prefix_batches
+
+    prefixes = [100, 400, 110, 390, 2000, 105]
+    suffixes = [300, 50, 290, 60, 5, 310]
+    batches = prefix_batches(prefixes, suffixes, token_budget=1300)
+    for batch in batches:  # within budget, or a single record that alone exceeds it
+        cost = len(batch) * (max(prefixes[i] for i in batch) + max(suffixes[i] for i in batch))
+        assert cost <= 1300 or len(batch) == 1
+    # similar prefixes share a batch (their suffixes are alike too); the long one is alone
+    assert sorted(map(sorted, batches)) == [[0, 2, 5], [1, 3], [4]]
