@@ -146,9 +146,13 @@ def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], p
         input_ids[row, :length] = ids[start:start + length]
         attention[row, :length] = 1
     hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=attention.to(device)).last_hidden_state
-    rows = torch.cat([torch.full((len(p),), row, dtype=torch.long) for row, p in enumerate(positions)])
-    cols = torch.cat([p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
-    return hidden[rows.to(device), cols.to(device)]
+    return picked(hidden, [p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
+
+
+def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:
+    """hidden[row, columns[row]] for every row, concatenated: [Σ len(columns[row]), H]."""
+    rows = torch.cat([torch.full((len(cols),), row, dtype=torch.long) for row, cols in enumerate(columns)])
+    return hidden[rows.to(hidden.device), torch.cat(columns).to(hidden.device)]
 
 
 def batch_positions(packed_ids_mask: torch.Tensor, cu: torch.Tensor, batch: list[int]) -> list[torch.Tensor]:
@@ -289,9 +293,7 @@ def shared_prefix_logprobs(model, packed: Packed, records: list[TurnRecord], spl
 def _scored(model, hidden: torch.Tensor, at: list[torch.Tensor], targets: torch.Tensor, temperature: float,
             fused: bool) -> torch.Tensor:
     """Log-probs of `targets` from the hidden states at columns `at[row]` of each row (one head call)."""
-    rows = torch.cat([torch.full((len(cols),), row, dtype=torch.long) for row, cols in enumerate(at)])
-    return head_logprobs(model, hidden[rows.to(hidden.device), torch.cat(at).to(hidden.device)], targets,
-                         temperature, fused)
+    return head_logprobs(model, picked(hidden, at), targets, temperature, fused)
 
 
 def _continue(decoder, cache, prefix_mask: torch.Tensor, suffixes: list[torch.Tensor], starts: list[int], device):
