@@ -4,7 +4,8 @@ for the same cores, in one run; the ratio busy/idle says how the default fares o
 
 Each measurement runs in a fresh interpreter, as `orsd-train` runs: OpenMP reads its wait policy
 once, when torch loads, so the process must start with the policy under test. The full run also
-measures libgomp's own default (threads that spin while they wait) to show what the policy buys.
+measures libgomp's own default (threads that spin while they wait) to show what the policy buys, and
+both policies on a decode (the bundle writer's shape), to show what it costs.
 
     pytest benchmarks/bench_warm_start_shared_cpu.py [--orsd-quick]
     python benchmarks/bench_warm_start_shared_cpu.py --steps 2 --batch-size 8   # one measurement
@@ -57,7 +58,8 @@ def measure(steps: int, batch_size: int, spin: bool) -> dict:
     precision = resolve_autocast(policy, config.model.autocast).autocast
 
     def fit(chosen):
-        warm_start(policy, chosen, 1, w.lr, batch_size, precision=precision, micro_batch_tokens=w.micro_batch_tokens)
+        warm_start(policy, chosen, 1, w.lr, batch_size, precision=precision, micro_batch_tokens=w.micro_batch_tokens,
+                   train_layers=w.train_layers)
 
     fit(demos[:batch_size])
     timed = demos[batch_size:(steps + 1) * batch_size]
@@ -68,11 +70,44 @@ def measure(steps: int, batch_size: int, spin: bool) -> dict:
             "threads": torch.get_num_threads(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")}
 
 
-def run_measurement(steps: int, batch_size: int, spin: bool = False) -> dict:
-    """`measure` in a fresh interpreter (OMP_WAIT_POLICY left unset, so the child decides)."""
+def measure_decode(new_tokens: int, spin: bool) -> dict:
+    """In this process: the default's policy writing 4 bundle-sized answers (4 prompts of 900 token
+    ids, `new_tokens` steps, the bundle sampling settings), after an untimed 4-step warm-up. Decoding
+    is hundreds of small matmuls per step, so it shows the wait policy more than training does."""
+    if not spin:
+        from orsd.train.cli import sleeping_openmp_threads
+
+        sleeping_openmp_threads()
+    import torch
+
+    from orsd.engines.hf import HfEngine, Sampling
+    from orsd.train.config import load_config
+    from orsd.train.model import autocast, load_policy, load_tokenizer
+
+    config = load_config()
+    r = config.rubric
+    policy = load_policy(config.model.path, config.model.dtype, config.model.device)
+    engine = HfEngine(policy, load_tokenizer(config.model.path), config.rollout.batch_size)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 40000, (900,), generator=generator).tolist() for _ in range(4)]
+    sampling = Sampling(r.temperature, r.top_p, new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size)
+    with autocast(policy, config.model.autocast):
+        engine.generate(prompts, Sampling(r.temperature, r.top_p, 4))
+        torch.manual_seed(0)
+        start, cpu = time.perf_counter(), time.process_time()
+        out = engine.generate(prompts, sampling)
+    return {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+            "steps": max(len(g.ids) for g in out), "threads": torch.get_num_threads(),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")}
+
+
+def run_measurement(steps: int, batch_size: int, spin: bool = False, decode: bool = False) -> dict:
+    """`measure` (or `measure_decode`) in a fresh interpreter (OMP_WAIT_POLICY left unset, so the
+    child decides)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, __file__, "--steps", str(steps), "--batch-size", str(batch_size),
-                          *(["--spin"] if spin else [])], capture_output=True, text=True, env=env, check=True)
+                          *(["--spin"] if spin else []), *(["--decode"] if decode else [])],
+                         capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -88,11 +123,11 @@ def busy_process():
         busy.wait()
 
 
-def idle_and_busy(steps: int, batch_size: int, spin: bool = False) -> dict:
+def idle_and_busy(steps: int, batch_size: int, spin: bool = False, decode: bool = False) -> dict:
     load = os.getloadavg()[0]
-    idle = run_measurement(steps, batch_size, spin)
+    idle = run_measurement(steps, batch_size, spin, decode)
     with busy_process():
-        busy = run_measurement(steps, batch_size, spin)
+        busy = run_measurement(steps, batch_size, spin, decode)
     return {"idle": idle, "busy": busy, "ratio": busy["seconds"] / idle["seconds"], "load_before": load}
 
 
@@ -107,6 +142,13 @@ def test_warm_start_steps_idle_and_with_a_busy_process(benchmark, quick):
     result = {"steps": steps, "batch_size": batch_size, "sleeping_threads": chosen}
     if not quick:  # what the wait policy buys: the same pair with libgomp's spinning default
         result["spinning_threads"] = idle_and_busy(steps, batch_size, spin=True)
+        # and what it costs: decoding (steps = decode steps here), where it matters most
+        result["decode"] = {"new_tokens": 64, "sleeping_threads": idle_and_busy(64, 0, decode=True),
+                            "spinning_threads": idle_and_busy(64, 0, spin=True, decode=True)}
+        for name, pair in result["decode"].items():
+            if name != "new_tokens":
+                print(f"decode, 4 rows x 64 tokens, {name}: idle {pair['idle']['seconds']:.1f} s, busy "
+                      f"{pair['busy']['seconds']:.1f} s")
     benchmark.extra_info.update(ratio=chosen["ratio"], idle_seconds=chosen["idle"]["seconds"],
                                 busy_seconds=chosen["busy"]["seconds"], load_before=chosen["load_before"])
     print(f"\nwarm start, {steps} steps of {batch_size} demonstrations: idle {chosen['idle']['seconds']:.1f} s, "
@@ -124,5 +166,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--spin", action="store_true", help="leave libgomp's default (spinning) wait policy")
+    parser.add_argument("--decode", action="store_true", help="time decoding --steps tokens instead")
     args = parser.parse_args()
-    print(json.dumps(measure(args.steps, args.batch_size, args.spin)))
+    print(json.dumps(measure_decode(args.steps, args.spin) if args.decode else
+                     measure(args.steps, args.batch_size, args.spin)))

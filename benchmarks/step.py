@@ -1,6 +1,7 @@
 """Seconds per stage of a GRPO step and an ORSD step on the same batch (issue 5's benchmark).
 
-One rollout is shared; then a GRPO step and an ORSD step (Trainer.step with that rollout: advantages,
+One rollout is shared (the first, of up to 6 seeded draws, in which every group's rewards differ, so
+every group writes bundles and the ratio does not depend on chance); then a GRPO step and an ORSD step (Trainer.step with that rollout: advantages,
 bundles, verifier, alignment, paired replay, reference, update) run on it, each on its own copy of
 the policy. The verifier's time is reported apart: the target is
 ORSD/GRPO <= 1.25 excluding verifier calls, for the whole step (rollout included) and for the
@@ -58,11 +59,18 @@ def main(argv: list[str]) -> dict:
     grpo_config = copy.deepcopy(config)
     grpo_config.method.name = "grpo"
     grpo = Trainer(grpo_config, copy.deepcopy(orsd.policy), orsd.tokenizer, orsd.reference, None, orsd.env)
-    with autocast(orsd.policy, config.model.autocast):
-        seed_everything(config.train.seed, 0)
-        start = time.perf_counter()
-        groups = orsd.rollout(orsd.sample_tasks())
-        rollout_seconds = time.perf_counter() - start
+    # The ratio depends on how many groups write bundles (only groups whose rewards differ do), so
+    # the benchmark takes the first rollout in which every group's rewards differ, up to 6 draws.
+    for draw in range(1, 7):
+        with autocast(orsd.policy, config.model.autocast):
+            seed_everything(config.train.seed + draw - 1, 0)
+            start = time.perf_counter()
+            groups = orsd.rollout(orsd.sample_tasks())
+            rollout_seconds = time.perf_counter() - start
+        if all(g.rewards_differ for g in groups):
+            break
+    else:
+        raise SystemExit("benchmarks/step.py: no rollout out of 6 had differing rewards in every group")
     # the same batch through both methods' whole step (each from the same initial weights)
     grpo_result, grpo_cpu = timed_step(grpo, copy.deepcopy(groups))
     grpo_seconds = grpo_result.seconds
@@ -86,6 +94,7 @@ def main(argv: list[str]) -> dict:
                    "verifier": config.verifier.kind, "micro_batch_tokens": config.optim.micro_batch_tokens,
                    "gradient_checkpointing": config.model.gradient_checkpointing},
         "warm_start_loss": [warm_losses[0], warm_losses[-1]] if warm_losses else None,
+        "rollout_draws": draw,
         "records": sum(len(t.records) for g in groups for t in g.trajectories),
         "response_tokens": sum(len(r.response_ids) for g in groups for t in g.trajectories for r in t.records),
         "context_tokens": sum(len(r.context_ids) for g in groups for t in g.trajectories for r in t.records),

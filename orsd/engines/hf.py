@@ -3,7 +3,10 @@
 Both engines take prompts as token ids (never text) and return exactly the sampled ids, so
 records are token-in/token-out. Log-probs are those of the temperature-scaled distribution
 (log_softmax(logits / temperature)), the same quantity paired replay recomputes; top-p only
-shapes what is sampled.
+shapes what is sampled, and so does top-k, which is off unless asked for: until the hf engine ran
+its own decode loop (engines/decode.py), transformers 5's `generate` silently applied its default
+top_k=50 when given none, so rollouts were sampled from a truncated distribution that neither the
+config nor the vllm engine had.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class Sampling:
     # bundle generation, whose tokens are never trained on; rollouts keep it 0 so their log-probs
     # stay those of the temperature-scaled policy.
     no_repeat_ngram_size: int = 0
+    # keep only the k most likely tokens before top-p (0: off). Like top-p it shapes only what is
+    # sampled: the log-probs stay those of the whole temperature-scaled distribution (hf engine)
+    top_k: int = 0
 
 
 @dataclass
@@ -46,12 +52,13 @@ class RolloutEngine(Protocol):
 
 
 class HfEngine:
-    """transformers `generate` on the policy itself (CPU or GPU), batched across episodes.
+    """The policy itself decodes (CPU or GPU), batched across episodes: engines/decode.py's loop,
+    which samples as transformers' `generate` does.
 
     It generates with the live policy module, so weights are always in sync; prompts are sorted
     by length and left-padded in batches of at most `batch_size` prompts and `token_budget`
-    padded tokens. transformers samples a whole batch from the global torch generator, so `keys`
-    are ignored: samples depend on the batch (use the vllm engine for per-request seeds).
+    padded tokens. A whole batch samples from the global torch generator (as transformers does),
+    so `keys` are ignored: samples depend on the batch (use the vllm engine for per-request seeds).
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, token_budget: int = 65536):
@@ -84,40 +91,22 @@ class HfEngine:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
-        from transformers import GenerationConfig
-
+        from .decode import decode, left_padded
         from .kv_cache import reserved_cache
 
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
-        config = GenerationConfig(
-            do_sample=not sampling.greedy, temperature=sampling.temperature if not sampling.greedy else None,
-            top_p=sampling.top_p if not sampling.greedy else None, top_k=None,
-            max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-            no_repeat_ngram_size=sampling.no_repeat_ngram_size or None,
-            output_logits=True, return_dict_in_generate=True)
+        input_ids, attention_mask = left_padded(prompts, self.pad_id)
         was_training = self.model.training
         self.model.eval()
         try:
             with decode_attention(self.model):
-                out = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                          generation_config=config,
-                                          past_key_values=reserved_cache(self.model, width + sampling.max_new_tokens))
+                new_ids, logprobs = decode(
+                    self.model, input_ids.to(device), attention_mask.to(device),
+                    reserved_cache(self.model, input_ids.shape[1] + sampling.max_new_tokens),
+                    sampling, self.stop_ids, self.pad_id, prompts)
         finally:
             self.model.train(was_training)
-        new_ids = out.sequences[:, width:].cpu()
-        # raw logits per step -> log-probs of the temperature-scaled distribution, one step at a
-        # time so no [B, steps, V] float copy is ever made
-        temperature = 1.0 if sampling.greedy else sampling.temperature
-        logprobs = torch.stack([
-            torch.log_softmax(step_logits.float() / temperature, dim=-1)
-            .gather(-1, new_ids[:, k:k + 1].to(step_logits.device)).squeeze(-1).cpu()
-            for k, step_logits in enumerate(out.logits)], dim=1)
+        new_ids, logprobs = new_ids.cpu(), logprobs.cpu()
         stops = torch.tensor(self.stop_ids)
         generations = []
         for row in range(len(prompts)):

@@ -126,16 +126,17 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if not sampling.greedy and sampling.top_p < 1 and not self._warned_top_p:
+        if not sampling.greedy and (sampling.top_p < 1 or sampling.top_k) and not self._warned_top_p:
             self._warned_top_p = True
-            logger.warning("vllm engine: with top_p=%s < 1 vLLM's log-probs are renormalised over the nucleus "
-                           "(log p - log nucleus mass), not the full-vocabulary convention of the hf engine",
-                           sampling.top_p)
+            logger.warning("vllm engine: with top_p=%s < 1 or top_k=%s > 0 vLLM's log-probs are renormalised over "
+                           "the kept tokens (log p - log kept mass), not the full-vocabulary convention of the hf "
+                           "engine", sampling.top_p, sampling.top_k)
         call = self.generate_calls
         self.generate_calls += 1
         params = [SamplingParams(
             temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0, min_p=0.0,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0 if sampling.greedy else sampling.top_k, min_p=0.0,
             max_tokens=min(sampling.max_new_tokens, self.max_model_len - len(prompt)),
             seed=_request_seed(self.seed, self.rank, call, index) if keys is None else _key_seed(self.seed, keys[index]),
             stop_token_ids=list(self.stop_ids),
@@ -370,6 +371,8 @@ def _check_sampling(sampling: Sampling) -> None:
             raise ValueError(f"sampling.temperature={sampling.temperature}: expected > 0 (or greedy=True)")
         if not 0 < sampling.top_p <= 1:
             raise ValueError(f"sampling.top_p={sampling.top_p}: expected a value in (0, 1]")
+        if sampling.top_k < 0:
+            raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
 
 
 @contextlib.contextmanager

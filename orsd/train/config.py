@@ -162,11 +162,13 @@ class EnvConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = doc("hf", "rollout engine: hf (transformers generate) | vllm", choices=("hf", "vllm"))
+    engine: str = doc("hf", "rollout engine: hf (the policy decodes, engines/decode.py) | vllm", choices=("hf", "vllm"))
     tasks_per_step: int = doc(8, "tasks sampled per step (paper: 8)", ge=1)
     group_size: int = doc(8, "trajectories per task, N (paper: 8)", ge=1)
     temperature: float = doc(1.0, "sampling temperature of rollouts (replay divides logits by it too)", gt=0)
     top_p: float = doc(1.0, "nucleus sampling of rollouts", gt=0, le=1)
+    top_k: int = doc(0, "sample rollouts from the k most likely tokens only (0: off, the paper); like top_p "
+                     "it shapes what is sampled, not the log-probs the update uses", ge=0)
     max_new_tokens: int = doc(512, "response budget per action turn, in tokens", ge=1)
     max_context_tokens: int = doc(4096, "context budget per turn; older history is dropped to fit "
                                   "(more than rollout.max_new_tokens: the prompt gets the difference)", ge=1)
@@ -314,6 +316,10 @@ class WarmStartConfig:
     lr: float = doc(1e-4, "learning rate of the fit", ge=0)
     batch_size: int = doc(8, "demonstration turns per optimizer step", ge=1)
     micro_batch_tokens: int = doc(2048, "padded tokens per forward/backward (gradient accumulation)", ge=1)
+    train_layers: int = doc(0, "fit only the top N decoder layers and the final norm (0, or N >= the model's "
+                            "layers: every parameter); "
+                            "the layers below run without gradients, so the backward and the saved "
+                            "activations stop at them", ge=0)
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)", ge=0, le=1)
     bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
                             "mixed in, so a small policy keeps writing numbered bundles", ge=0)

@@ -166,7 +166,7 @@ class Trainer:
     def rollout(self, tasks: list) -> list[Group]:
         cfg, r = self.config, self.config.rollout
         return rollout(self.engine, self.tokenizer, self.env, tasks, r.group_size,
-                       Sampling(r.temperature, r.top_p, r.max_new_tokens), r.max_context_tokens,
+                       Sampling(r.temperature, r.top_p, r.max_new_tokens, top_k=r.top_k), r.max_context_tokens,
                        cfg.env.max_actions, cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
                        self.templates)
 

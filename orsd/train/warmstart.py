@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -99,11 +100,16 @@ def answer_ids(tokenizer, text: str) -> list[int]:
 
 def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int, seed: int = 0,
                progress=None, precision: str = "", micro_batch_tokens: int = 2048,
-               lm_head: str = "fused") -> list[float]:
+               lm_head: str = "fused", train_layers: int = 0) -> list[float]:
     """Cross-entropy on the demonstration answers only (mean over a batch's answer tokens);
     returns the loss of every optimizer step. Each batch of `batch_size` demonstrations is split
     into micro-batches of at most `micro_batch_tokens` padded tokens, so memory stays bounded
-    whatever the prompt lengths."""
+    whatever the prompt lengths. `train_layers` > 0 fits only the top layers (`fitted_layers`)."""
+    with fitted_layers(model, train_layers):
+        return _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head)
+
+
+def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head) -> list[float]:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []
@@ -130,6 +136,37 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
                 progress(total)
     optimizer.zero_grad(set_to_none=True)  # the fit's gradients: a model's size, and no use to what follows
     return losses
+
+
+@contextmanager
+def fitted_layers(model, top: int):
+    """Within: only the top `top` decoder layers and the decoder's final norm take gradients (0, or
+    at least the model's layer count: every parameter). The embeddings (and a head tied to them) and the layers below are
+    frozen, so no activation below is saved for the backward and the backward stops there: on the
+    2-core CPU, SmolLM2-135M with 15 of 30 layers fitted, a warm-start step took ~2/3 of the time.
+    requires_grad is restored on exit."""
+    if not top:
+        yield
+        return
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"warm_start.train_layers={top}: {type(model).__name__} has no decoder layer list "
+                         "(model.get_decoder().layers); use 0 to fit every parameter")
+    if top >= len(layers):  # every layer: the whole model, as with 0 (a default set for a deeper model)
+        yield
+        return
+    fitted = [*layers[len(layers) - top:]] + ([decoder.norm] if isinstance(getattr(decoder, "norm", None),
+                                                                          torch.nn.Module) else [])
+    keep = {id(p) for module in fitted for p in module.parameters()}
+    before = {p: p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(before[p] and id(p) in keep)
+    try:
+        yield
+    finally:
+        for p, flag in before.items():
+            p.requires_grad_(flag)
 
 
 class _as_record:
@@ -167,7 +204,7 @@ def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
 
         losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
                             precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens,
-                            lm_head=config.optim.lm_head)
+                            lm_head=config.optim.lm_head, train_layers=w.train_layers)
     log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
         f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
         f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")

@@ -129,3 +129,110 @@ def test_reserved_layer_writes_in_place_and_adopts_outside_changes():
     for _ in range(5):  # past the reserved room: grows, keeps everything
         keys, _ = layer.update(step.repeat_interleave(2, dim=0), step.repeat_interleave(2, dim=0))
     assert keys.shape[2] == 12 and torch.equal(keys[0, :, :5], k[0])
+
+
+def transformers_generate(model, prompts, pad_id, stop_ids, sampling):
+    """transformers' own sampling loop on the same left-padded batch: the reference for decode.py.
+    top_k=0 turns top-k off: with top_k=None transformers 5 applies its default of 50."""
+    from transformers import GenerationConfig
+
+    from orsd.engines.decode import left_padded
+
+    input_ids, attention_mask = left_padded(prompts, pad_id)
+    config = GenerationConfig(
+        do_sample=not sampling.greedy, temperature=None if sampling.greedy else sampling.temperature,
+        top_p=None if sampling.greedy else sampling.top_p, top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
+        eos_token_id=stop_ids, pad_token_id=pad_id, no_repeat_ngram_size=sampling.no_repeat_ngram_size or None,
+        output_logits=True, return_dict_in_generate=True)
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    new = out.sequences[:, input_ids.shape[1]:]
+    logprobs = torch.stack([torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, new[:, k:k + 1])[:, 0]
+                            for k, step in enumerate(out.logits)], dim=1)
+    return new, logprobs
+
+
+@pytest.mark.parametrize("sampling", [
+    Sampling(max_new_tokens=16, greedy=True),
+    Sampling(temperature=0.7, top_p=0.8, max_new_tokens=16),
+    Sampling(temperature=1.3, max_new_tokens=16),
+    Sampling(temperature=0.5, top_p=0.9, max_new_tokens=24, no_repeat_ngram_size=2),
+    Sampling(temperature=1.1, top_p=0.95, max_new_tokens=16, top_k=7),
+], ids=["greedy", "temperature-top-p", "temperature", "ngram-ban", "top-k"])
+def test_decode_samples_what_transformers_generate_samples(tiny_model, tiny_tokenizer, sampling):
+    """The same seed, the same ids (stop ids and padding after them included) and log-probs as
+    transformers' generate, on prompts of one length (transformers' n-gram ban counts left padding,
+    ours does not) and, without the ban, on left-padded prompts of different lengths."""
+    model = tiny_model.eval()
+    engine = HfEngine(model, tiny_tokenizer)
+    texts = ["the agent clicks", "Task: put a clean apple in the fridge.", "yes no"]
+    if sampling.no_repeat_ngram_size:
+        texts = ["the agent clicks the", "the agent clicks a"]
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    torch.manual_seed(3)  # row 0's fourth token becomes a stop id, so rows stop at different steps
+    stop_ids = engine.stop_ids = [engine._generate_batch(prompts, sampling)[0].ids[3], *engine.stop_ids]
+    torch.manual_seed(3)
+    expected_ids, expected_logprobs = transformers_generate(model, prompts, engine.pad_id, stop_ids, sampling)
+    torch.manual_seed(3)
+    got = engine._generate_batch(prompts, sampling)
+    for row, generation in enumerate(got):
+        reference = expected_ids[row].tolist()
+        stop = next((k for k, token in enumerate(reference) if token in stop_ids), None)
+        assert generation.ids == reference[:len(reference) if stop is None else stop + 1]
+        assert generation.finished == (stop is not None)
+        assert generation.logprobs == pytest.approx(expected_logprobs[row, :len(generation.ids)].tolist(), abs=1e-5)
+    assert got[0].finished and len(got[0].ids) <= 4
+    assert any(len(g.ids) > 4 for g in got)
+
+
+def test_ngram_ban_forbids_exactly_the_tokens_that_would_repeat():
+    from orsd.engines.decode import NGramBan
+
+    ban = NGramBan(3, [[5, 6, 7, 5, 6]])  # 5 6 was followed by 7
+    scores = torch.zeros(1, 10)
+    ban.apply(scores)
+    assert torch.isinf(scores[0]).nonzero().flatten().tolist() == [7]
+    ban.extend([8])  # ... 6 8: no n-gram ends in "6 8 ?" yet
+    scores = torch.zeros(1, 10)
+    ban.apply(scores)
+    assert not torch.isinf(scores).any()
+    ban.extend([5]), ban.extend([6])  # 8 5 6 -> "5 6" now followed by 7 and 8
+    scores = torch.zeros(1, 10)
+    ban.apply(scores)
+    assert sorted(torch.isinf(scores[0]).nonzero().flatten().tolist()) == [7, 8]
+
+
+def test_repeated_prompts_are_prefilled_once(tiny_model, tiny_tokenizer):
+    """[A, A, B, A]: one prefill forward of the two distinct prompts, and every row decodes what it
+    decodes alone (greedy, fp32)."""
+    a = tiny_tokenizer.encode("Task: put a clean apple in the fridge.", add_special_tokens=False)
+    b = tiny_tokenizer.encode("the agent clicks", add_special_tokens=False)
+    model = tiny_model.eval()
+    engine = HfEngine(model, tiny_tokenizer)
+    sampling = Sampling(max_new_tokens=10, greedy=True)
+    rows_per_forward = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows_per_forward.append(
+        tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        together = engine.generate([a, a, b, a], sampling)
+    finally:
+        hook.remove()
+    assert rows_per_forward[0] == (2, len(a)) and all(shape == (4, 1) for shape in rows_per_forward[1:])
+    alone = {name: engine.generate([prompt], sampling)[0] for name, prompt in (("a", a), ("b", b))}
+    for name, generation in zip("aaba", together):
+        assert generation.ids == alone[name].ids and len(generation.ids) > 1
+        assert generation.logprobs == pytest.approx(alone[name].logprobs, abs=1e-5)
+
+
+def test_top_k_samples_only_the_k_most_likely_tokens(tiny_model, tiny_tokenizer):
+    """top_k=1 at a high temperature is greedy decoding (and equals transformers' top-k above), while
+    the log-probs stay those of the whole temperature-scaled distribution."""
+    prompts = [tiny_tokenizer.encode("the agent clicks", add_special_tokens=False)]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    greedy = engine.generate(prompts, Sampling(max_new_tokens=12, greedy=True))[0]
+    torch.manual_seed(0)
+    top1 = engine.generate(prompts, Sampling(temperature=5.0, max_new_tokens=12, top_k=1))[0]
+    assert top1.ids == greedy.ids
+    assert all(lp < -1.0 for lp in top1.logprobs)  # at temperature 5 no token is near-certain
+    with pytest.raises(ValueError, match="sampling.top_k=-1"):
+        engine.generate(prompts, Sampling(max_new_tokens=4, top_k=-1))
