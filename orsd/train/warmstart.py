@@ -141,10 +141,10 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
 @contextmanager
 def fitted_layers(model, top: int):
     """Within: only the top `top` decoder layers and the decoder's final norm take gradients (0, or
-    at least the model's layer count: every parameter). The embeddings (and a head tied to them) and the layers below are
-    frozen, so no activation below is saved for the backward and the backward stops there: on the
-    2-core CPU, SmolLM2-135M with 15 of 30 layers fitted, a warm-start step took ~2/3 of the time.
-    requires_grad is restored on exit."""
+    at least the model's layer count: every parameter). The embeddings (and a head tied to them)
+    and the layers below are frozen, so no activation below is saved for the backward and the
+    backward stops there: on the 2-core CPU, SmolLM2-135M with 15 of 30 layers fitted, a warm-start
+    step took ~2/3 of the time. requires_grad is restored on exit."""
     if not top:
         yield
         return
