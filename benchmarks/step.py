@@ -1,9 +1,9 @@
 """Seconds per stage of a GRPO step and an ORSD step on the same batch (issue 5's benchmark).
 
-One rollout is shared (the first, of up to 6 seeded draws, in which every group's rewards differ, so
-every group writes bundles and the ratio does not depend on chance); then a GRPO step and an ORSD step (Trainer.step with that rollout: advantages,
-bundles, verifier, alignment, paired replay, reference, update) run on it, each on its own copy of
-the policy. The verifier's time is reported apart: the target is
+One rollout is shared (the first, of up to 6 seeded draws, in which every group's rewards differ,
+so every group writes bundles and the ratio does not depend on chance); then a GRPO step and an
+ORSD step (Trainer.step with that rollout: advantages, bundles, verifier, alignment, paired replay,
+reference, update) run on it, each on its own copy of the policy. The verifier's time is reported apart: the target is
 ORSD/GRPO <= 1.25 excluding verifier calls, for the whole step (rollout included) and for the
 stages after the rollout.
 
