@@ -96,14 +96,16 @@ def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, sampling, stop_ids: list[int],
-           pad_id: int, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample up to `sampling.max_new_tokens` ids per row of the left-padded batch. Returns the ids
-    [B, T] (a row that stopped is padded with `pad_id` after its stop id, as transformers does) and
-    the log-probs of the temperature-scaled policy at those ids [B, T] (T: steps taken)."""
+def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int],
+           pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample up to `sampling.max_new_tokens` ids per prompt (left-padded into one batch on the
+    model's device). Returns the ids [B, T] (a row that stopped is padded with `pad_id` after its
+    stop id, as transformers does) and the log-probs of the temperature-scaled policy at those ids
+    [B, T] (T: steps taken)."""
     if sampling.top_k < 0 or sampling.top_k != int(sampling.top_k):
         raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
-    device = input_ids.device
+    device = next(model.parameters()).device
+    input_ids, attention_mask = (t.to(device) for t in left_padded(prompts, pad_id))
     temperature = 1.0 if sampling.greedy else sampling.temperature
     ban = NGramBan(sampling.no_repeat_ngram_size, prompts) if sampling.no_repeat_ngram_size else None
     stops = torch.tensor(stop_ids, device=device)
@@ -126,7 +128,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, 
     ids, logprobs = [], []
     for step in range(sampling.max_new_tokens):
         raw = logits.float()
-        scores = raw.clone()
+        scores = raw.clone() if ban is not None else raw  # the ban writes in place; the rest copies
         if ban is not None:
             ban.apply(scores)
         if sampling.greedy:

@@ -91,19 +91,16 @@ class HfEngine:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
-        from .decode import decode, left_padded
+        from .decode import decode
         from .kv_cache import reserved_cache
 
-        device = next(self.model.parameters()).device
-        input_ids, attention_mask = left_padded(prompts, self.pad_id)
+        width = max(len(p) for p in prompts)
         was_training = self.model.training
         self.model.eval()
         try:
             with decode_attention(self.model):
-                new_ids, logprobs = decode(
-                    self.model, input_ids.to(device), attention_mask.to(device),
-                    reserved_cache(self.model, input_ids.shape[1] + sampling.max_new_tokens),
-                    sampling, self.stop_ids, self.pad_id, prompts)
+                cache = reserved_cache(self.model, width + sampling.max_new_tokens)
+                new_ids, logprobs = decode(self.model, prompts, cache, sampling, self.stop_ids, self.pad_id)
         finally:
             self.model.train(was_training)
         new_ids, logprobs = new_ids.cpu(), logprobs.cpu()
