@@ -78,6 +78,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
                 tokenizer.save_pretrained(reference_dir)
         reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
     release_memory()  # the warm start's optimizer, gradients and activations are gone
+    freeze_for_update(policy, config, precision.autocast, distributed=dist is not None, log=log)
     verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
     engine = build_engine(config, policy, tokenizer, run_dir, dist)
     ds_engine = distributed.wrap(policy, config) if dist else None
@@ -87,6 +88,22 @@ def build(config, run_dir=None, resume_from=None, log=print):
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
     trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     return trainer, warm_losses
+
+
+def freeze_for_update(policy, config, autocast: str, distributed: bool = False, log=print) -> None:
+    """optim.train_layers: freeze all but the top layers before any optimizer is built over the
+    policy. Single-process, the frozen linears are then stored in the autocast dtype (autocast
+    caches casts only of weights that require grad, so frozen f32 ones were cast at every forward);
+    under DeepSpeed they keep the policy's dtype, as ZeRO partitions them with the rest."""
+    from orsd.train.model import freeze_below, store_frozen_linears
+
+    if freeze_below(policy, config.optim.train_layers, "optim.train_layers") is None:
+        return
+    if not distributed:
+        store_frozen_linears(policy, autocast)
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    log(f"update: the top {config.optim.train_layers} decoder layers and the final norm "
+        f"({trainable / 1e6:.1f}M of {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M parameters)")
 
 
 def check_ops(device, on_failure: str, log=print, ops=None) -> dict:

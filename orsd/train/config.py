@@ -303,6 +303,10 @@ class OptimConfig:
     lm_head: str = doc("fused", "the update's LM head + log-softmax: fused (ops.lm_head_logprobs, forward and backward "
                        "without a tokens x vocab tensor) | chunked (torch in checkpointed 1,024-token chunks, the "
                        "reference); the warm start uses the same", choices=("fused", "chunked"))
+    train_layers: int = doc(0, "update only the top N decoder layers and the final norm (0, or N >= the model's "
+                            "layers: every parameter, as the paper); the embeddings, a head tied to them and "
+                            "the layers below stay as the warm start left them, so they get no gradients, no "
+                            "AdamW moments and no saved activations", ge=0)
     old_logprobs: str = doc("replay", "pi_old of the PPO ratio: replay (recomputed by the trainer before the "
                             "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)",
                             choices=("replay", "rollout"))

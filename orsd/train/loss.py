@@ -10,6 +10,7 @@ import torch
 from orsd import ops
 
 from .metrics import tagged
+from .model import trim_heap
 from .replay import Packed, batch_positions, budget_batches, dummy_forward, train_logprobs
 
 
@@ -113,6 +114,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         sums["clip_fraction"] += float(terms.clipped.sum())
         sums["entropy"] += float(entropy.sum())
         sums["ratio"] += float(terms.ratio.detach().sum())
+        del logprobs, entropy, chunk_values, terms, f, loss
+        trim_heap()  # the micro-batch's activations are freed: their pages go back before the next
     for index in range(len(batches), num_microbatches):  # zero-weight: same call count on every rank
         backward(dummy_forward(model).sum() * 0.0, index == num_microbatches - 1)
     grad_norm = 0.0

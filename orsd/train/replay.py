@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from orsd import ops
 
 from .distributed import gathered
-from .model import autocast, autocast_dtype
+from .model import autocast, autocast_dtype, trim_heap
 from .records import TurnRecord
 
 
@@ -188,6 +188,7 @@ def response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
             batch = [active_ids[i] for i in sub]
             positions = batch_positions(mask, cu, batch)
             yield torch.cat(positions), _hidden_rows(model, ids, cu, batch, positions)
+            trim_heap()
     finally:
         model.train(was_training)
 
@@ -247,6 +248,8 @@ def shared_prefix_logprobs(model, packed: Packed, records: list[TurnRecord], spl
     model.eval()
     try:
         for sub in batches:
+            cache = branched = hidden = None
+            trim_heap()  # the last batch's keys/values are gone: their pages go back (see trim_heap)
             batch = [jobs[i] for i in sub]
             width = max(split for _, split, _ in batch)
             prefix = torch.zeros((len(batch), width), dtype=torch.long)

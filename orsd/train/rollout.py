@@ -15,6 +15,7 @@ from orsd.envs.prompts import build_messages
 from orsd.envs.rewards import episode_reward
 
 from orsd.engines.hf import RolloutEngine, Sampling
+from .model import trim_heap
 from .records import Group, TurnRecord, Trajectory
 
 
@@ -79,6 +80,7 @@ def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int,
                                   max_history_turns, templates) for t, fork, _ in live]
         keys = [f"{key}:{len(t.actions)}" for t, _, key in live]
         generations = engine.generate([ids for ids, _, _ in contexts], sampling, keys)
+        trim_heap()  # each turn's KV cache has another size: glibc would keep the last one's pages
         still = []
         for (trajectory, fork, key), (ids, slot, dropped), gen in zip(live, contexts, generations):
             text = tokenizer.decode(gen.ids, skip_special_tokens=True)

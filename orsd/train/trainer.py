@@ -29,7 +29,7 @@ from .distill import DistillTerm, Teacher, teacher_pass
 from .distributed import deepspeed_backward, gathered
 from .loss import update
 from .metrics import combine, tagged, values
-from .model import autocast, release_memory
+from .model import autocast, release_memory, trim_heap
 from .optim import build_optimizer, warmup_schedule
 from .records import Group, group_record
 from .replay import ReplayResult, paired_replay, replay_logprobs
@@ -149,6 +149,7 @@ class Trainer:
             kill_point(name, self.step_index + 1)  # a test hook (checkpoint.kill_point)
             with timed(seconds, name), autocast(self.policy, self.config.model.autocast):
                 yield
+            trim_heap()  # its KV caches and hidden states had sizes the next stage will not ask for
 
         return stage
 

@@ -17,7 +17,7 @@ from orsd.train import distributed  # noqa: E402
 from orsd.train.model import frozen_copy, load_policy, load_tokenizer  # noqa: E402
 from orsd.train.build import make_env  # noqa: E402
 from orsd.train.trainer import Trainer  # noqa: E402
-from orsd.train.build import build_verifier  # noqa: E402
+from orsd.train.build import build_verifier, freeze_for_update  # noqa: E402
 from scripted import ScriptedEngine, small_config  # noqa: E402
 
 
@@ -33,6 +33,7 @@ def main(model_dir: str, out: str, steps: int, zero_stage: int, *overrides: str)
     tokenizer = load_tokenizer(model_dir)
     policy = load_policy(model_dir, device="cpu")
     reference = frozen_copy(policy)
+    freeze_for_update(policy, config, "", distributed=dist is not None, log=lambda *_: None)  # as build() does
     verifier = build_verifier(config, reference, tokenizer)
     engine = ScriptedEngine(policy, tokenizer, fully_scripted=True)
     trainer = Trainer(config, policy, tokenizer, reference, verifier, make_env(config), engine=engine, dist=dist,

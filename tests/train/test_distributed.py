@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 pytest.importorskip("deepspeed")
 
@@ -30,15 +31,22 @@ def run_worker(args, world_size, port):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_ranks_equal_one(zero_stage, tiny_smol_dir, tmp_path):
+@pytest.mark.parametrize("zero_stage,train_layers", [(2, 0), (3, 0), (2, 1)])
+def test_two_ranks_equal_one(zero_stage, train_layers, tiny_smol_dir, tmp_path):
+    """(2, 1): optim.train_layers=1 of 2, the lower layer frozen under ZeRO-2 too."""
     single, double = tmp_path / "single.pt", tmp_path / "double.pt"
-    run_worker([str(tiny_smol_dir), str(single), "1", str(zero_stage)], 1, 0)
-    run_worker([str(tiny_smol_dir), str(double), "1", str(zero_stage)], 2, 29500 + zero_stage * 7)
+    args = [f"optim.train_layers={train_layers}"]
+    run_worker([str(tiny_smol_dir), str(single), "1", str(zero_stage), *args], 1, 0)
+    run_worker([str(tiny_smol_dir), str(double), "1", str(zero_stage), *args], 2, 29500 + zero_stage * 7 + train_layers)
     a, b = torch.load(single, weights_only=False), torch.load(double, weights_only=False)
     assert (a["world_size"], b["world_size"]) == (1, 2)
     for name, value in a["weights"].items():
         assert torch.allclose(value, b["weights"][name], atol=1e-4, rtol=0), name
+    initial = load_file(next(tiny_smol_dir.glob("*.safetensors")))
+    moved = {name for name, value in a["weights"].items()
+             if name in initial and not torch.equal(value, initial[name].to(value.dtype))}
+    top_only = all(name.startswith(("model.layers.1.", "model.norm.")) for name in moved)
+    assert moved and top_only == bool(train_layers)  # frozen: only the top layer and the final norm moved
     ma, mb = a["metrics"][0], b["metrics"][0]
     for key in ("reward_mean", "response_tokens", "update_tokens", "groups_with_bundle", "bundles_parsed"):
         assert ma[key] == mb[key], key

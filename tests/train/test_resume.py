@@ -18,13 +18,13 @@ COMPARED = ("reward_mean", "success_rate", "turns_mean", "response_tokens", "los
             "grad_norm", "replay_rollout_gap", "groups_rewards_differ", "groups_with_bundle")
 
 
-def config_for(model_dir, steps):
+def config_for(model_dir, steps, *extra):
     return load_config(None, [f"model.path={model_dir}", f"train.steps={steps}", "train.save_every=1",
                               "train.keep_checkpoints=2", "train.progress=false", "train.report=false",
                               "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                               "rollout.max_context_tokens=4096", "env.max_actions=2", "rubric.max_new_tokens=8",
                               "rubric.num_bundles=2", "warm_start.episodes=2", "warm_start.epochs=1",
-                              "optim.lr=1e-3"])
+                              "optim.lr=1e-3", *extra])
 
 
 def records(run_dir):
@@ -41,9 +41,13 @@ def weights(run_dir):
 
 
 @pytest.mark.slow
-def test_killed_then_resumed_equals_unbroken(tiny_smol_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [(), ("optim.train_layers=1", "model.autocast=bfloat16")],
+                         ids=["all-layers", "top-layer-bf16-frozen"])
+def test_killed_then_resumed_equals_unbroken(extra, tiny_smol_dir, tmp_path, monkeypatch):
+    """Also with the lower layer frozen and stored in bf16: the checkpoint holds it in bf16, a
+    resumed run loads it as f32 and stores it in bf16 again, its optimizer has the same parameters."""
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    run(load_config_steps := config_for(tiny_smol_dir, 3), str(unbroken), log=lambda *_: None)
+    run(load_config_steps := config_for(tiny_smol_dir, 3, *extra), str(unbroken), log=lambda *_: None)
     assert load_config_steps.warm_start.enabled  # the reference is the warm-started policy
 
     calls = {"n": 0}
@@ -57,12 +61,12 @@ def test_killed_then_resumed_equals_unbroken(tiny_smol_dir, tmp_path, monkeypatc
 
     monkeypatch.setattr(Trainer, "step", dies_in_third_step)
     with pytest.raises(KeyboardInterrupt):
-        run(config_for(tiny_smol_dir, 3), str(broken), log=lambda *_: None)
+        run(config_for(tiny_smol_dir, 3, *extra), str(broken), log=lambda *_: None)
     monkeypatch.setattr(Trainer, "step", real_step)
     assert [n for n, _ in checkpoint.step_dirs(broken)] == [1, 2]
     with pytest.raises(RunError, match="pass --resume"):  # never silently mixes two runs
-        run(config_for(tiny_smol_dir, 3), str(broken), log=lambda *_: None)
-    run(config_for(tiny_smol_dir, 3), str(broken), resume=True, log=lambda *_: None)
+        run(config_for(tiny_smol_dir, 3, *extra), str(broken), log=lambda *_: None)
+    run(config_for(tiny_smol_dir, 3, *extra), str(broken), resume=True, log=lambda *_: None)
 
     steps_a, groups_a = records(unbroken)
     steps_b, groups_b = records(broken)
@@ -71,12 +75,15 @@ def test_killed_then_resumed_equals_unbroken(tiny_smol_dir, tmp_path, monkeypatc
     assert groups_a == groups_b
     wa, wb = weights(unbroken), weights(broken)
     assert wa.keys() == wb.keys()
+    frozen_dtype = torch.bfloat16 if extra else torch.float32  # the case under test did happen
+    assert wa["model.layers.0.mlp.up_proj.weight"].dtype == wb["model.layers.0.mlp.up_proj.weight"].dtype == frozen_dtype
+    assert wa["model.layers.1.mlp.up_proj.weight"].dtype == torch.float32
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
     assert [n for n, _ in checkpoint.step_dirs(broken)] == [2, 3]  # keep-last-2
 
     before, said = snapshot(broken), []
-    assert run(config_for(tiny_smol_dir, 3), str(broken), resume=True, log=said.append) is None
+    assert run(config_for(tiny_smol_dir, 3, *extra), str(broken), resume=True, log=said.append) is None
     assert "is complete: 3 steps done" in said[-1]
     assert snapshot(broken) == before  # no summary appended, no checkpoint rewritten
 

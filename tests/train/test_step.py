@@ -10,7 +10,7 @@ import torch
 from orsd import rubric
 from orsd.rubric import VerifierResult
 from orsd.train.build import build_verifier, make_env
-from orsd.train.model import frozen_copy
+from orsd.train.model import freeze_below, frozen_copy
 from orsd.train.trainer import Trainer
 from scripted import ScriptedEngine, small_config
 
@@ -163,6 +163,22 @@ def test_bf16_autocast_step_learns_and_keeps_replay_close(tiny_model, tiny_token
     assert abs(result.metrics["ratio"] - 1.0) < 1e-2  # π_old and the update's forward agree
     assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, tiny_model.parameters()))
+
+
+@pytest.mark.parametrize("method", ["orsd", "grpo"])
+def test_a_step_with_the_lower_layers_frozen_updates_only_the_top(method, tiny_model, tiny_tokenizer):
+    """optim.train_layers=1 (frozen as build() does, before the trainer's optimizer): the step's
+    update moves every tensor of the top layer and the final norm, and nothing else."""
+    with torch.no_grad():  # a final norm of ones gets no gradient worth seeing: perturb it
+        tiny_model.model.norm.weight.mul_(1.5)
+    freeze_below(tiny_model, 1, "optim.train_layers")
+    trainer = make_trainer(small_config(f"method.name={method}", "optim.train_layers=1"), tiny_model, tiny_tokenizer)
+    before = {name: p.detach().clone() for name, p in tiny_model.named_parameters()}
+    result = trainer.step()
+    assert result.metrics["groups_rewards_differ"] == 1.0  # scripted: non-zero advantages
+    changed = {name for name, p in tiny_model.named_parameters() if not torch.equal(p, before[name])}
+    top = {name for name in before if name.startswith("model.layers.1.")}
+    assert top and changed == top | {"model.norm.weight"}
 
 
 def test_old_logprobs_from_the_rollout(tiny_model, tiny_tokenizer):

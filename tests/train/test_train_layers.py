@@ -1,8 +1,11 @@
-"""warm_start.train_layers: only the top decoder layers (and the final norm) are fitted."""
+"""warm_start.train_layers and optim.train_layers: only the top decoder layers (and the final norm)
+are fitted by the warm start, or updated by RL."""
 
 import pytest
 import torch
 
+from orsd.train.build import build
+from orsd.train.config import load_config
 from orsd.train.warmstart import Demo, fitted_layers, warm_start
 
 
@@ -69,3 +72,24 @@ def test_a_model_without_a_decoder_layer_list_is_refused(tiny_model, monkeypatch
     with pytest.raises(ValueError, match=r"warm_start.train_layers=1: Qwen3ForCausalLM has no decoder layer list"):
         with fitted_layers(tiny_model, 1):
             pass
+
+
+def test_build_gives_the_update_an_optimizer_over_the_top_layers_only(tiny_smol_dir):
+    """optim.train_layers=1 of 2: the frozen half, the embeddings and the tied head are left out of
+    AdamW (no moments) and take no gradients; the warm start before it still fits everything."""
+    config = load_config(None, [f"model.path={tiny_smol_dir}", "method.name=grpo", "optim.train_layers=1",
+                                "warm_start.enabled=true", "warm_start.episodes=1", "warm_start.epochs=1",
+                                "train.progress=false", "model.autocast=bfloat16"])
+    trainer, losses = build(config, log=lambda *_: None)
+    policy = trainer.policy
+    assert losses  # the warm start ran, over every parameter (its own train_layers is 0)
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    expected = {id(p) for name, p in policy.named_parameters() if name.startswith(("model.layers.1.", "model.norm."))}
+    assert expected and optimized == expected
+    assert {id(p) for p in policy.parameters() if p.requires_grad} == expected
+    # autocast caches the bf16 cast only of weights that require grad: the frozen linears are stored
+    # in bf16 (the cast done once), the trained ones stay f32 master weights
+    linears = {name: m.weight.dtype for name, m in policy.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert {d for n, d in linears.items() if n.startswith("model.layers.0.")} == {torch.bfloat16}
+    assert {d for n, d in linears.items() if n.startswith("model.layers.1.")} == {torch.float32}
+    assert policy.get_input_embeddings().weight.dtype == torch.float32  # and the head tied to it
