@@ -19,6 +19,12 @@ from __future__ import annotations
 import torch
 
 
+def check_top_k(sampling) -> None:
+    """Both engines refuse a top-k that is not an integer >= 0 (0: off), with one message."""
+    if sampling.top_k < 0 or sampling.top_k != int(sampling.top_k):
+        raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
+
+
 def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, W] ids and attention mask of prompts left-padded to the longest (W)."""
     width = max(len(p) for p in prompts)
@@ -102,8 +108,7 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
     model's device). Returns the ids [B, T] (a row that stopped is padded with `pad_id` after its
     stop id, as transformers does) and the log-probs of the temperature-scaled policy at those ids
     [B, T] (T: steps taken)."""
-    if sampling.top_k < 0 or sampling.top_k != int(sampling.top_k):
-        raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
+    check_top_k(sampling)
     device = next(model.parameters()).device
     input_ids, attention_mask = (t.to(device) for t in left_padded(prompts, pad_id))
     temperature = 1.0 if sampling.greedy else sampling.temperature

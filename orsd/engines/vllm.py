@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from .decode import check_top_k
 from .hf import Generation, Sampling, _stop_ids
 from .weight_sync import Deadline, WeightSyncTimeout, buckets, gather
 
@@ -371,8 +372,7 @@ def _check_sampling(sampling: Sampling) -> None:
             raise ValueError(f"sampling.temperature={sampling.temperature}: expected > 0 (or greedy=True)")
         if not 0 < sampling.top_p <= 1:
             raise ValueError(f"sampling.top_p={sampling.top_p}: expected a value in (0, 1]")
-        if sampling.top_k < 0:
-            raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
+        check_top_k(sampling)
 
 
 @contextlib.contextmanager
