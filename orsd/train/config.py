@@ -279,7 +279,8 @@ class ReplayConfig:
     token_budget: int = doc(16384, "tokens (padded) per no-grad replay forward", ge=1)
     fused: bool = doc(True, "log-probs from hidden states and the LM head without a T x V tensor")
     share_prefix: bool = doc(True, "paired replay forwards each context up to its rubric slot once, for both "
-                                   "passes (off: two whole forwards; always off under ZeRO-3)")
+                                   "passes, and the reference pass forwards a prefix that records share once "
+                                   "(off: whole forwards; always off under ZeRO-3)")
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from orsd import ops
+from orsd.engines import prefill
 
 from .distributed import gathered
 from .model import autocast, autocast_dtype, trim_heap
@@ -195,13 +196,35 @@ def response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
 
 @torch.no_grad()
 def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    token_budget: int, fused: bool = True, lockstep=None) -> torch.Tensor:
+                    token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = False) -> torch.Tensor:
     """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere
-    (`lockstep`: see response_hidden)."""
+    (`lockstep`: see response_hidden). `share_prefix`: what the sequences share (a group's system
+    prompt, task and first observation) forwarded once (engines/prefill.py); not under `lockstep`,
+    whose ranks must run equal forwards, nor for a cache that cannot be cut per row."""
     out = torch.zeros(len(ids), dtype=torch.float32)
-    for flat, hidden in response_hidden(model, ids, cu, mask, token_budget, lockstep):
+    if share_prefix and lockstep is None and prefill.serves(model):
+        batches = _shared_response_hidden(model, ids, cu, mask, token_budget)
+    else:
+        batches = response_hidden(model, ids, cu, mask, token_budget, lockstep)
+    for flat, hidden in batches:
         out[flat] = head_logprobs(model, hidden, ids[flat], temperature, fused)
     return out
+
+
+def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int):
+    """response_hidden's (positions, hidden) pairs, one per sequence, from shared-prefix forwards."""
+    flats, sequences, needed = [], [], []
+    for s in range(len(cu) - 1):
+        start, end = int(cu[s]), int(cu[s + 1])
+        local = mask[start:end].nonzero().squeeze(-1)
+        local = local[local > 0]
+        if len(local):  # token p is predicted from p - 1
+            flats.append(local + start)
+            sequences.append(ids[start:end].tolist())
+            needed.append((local - 1).tolist())
+    hidden = prefill.shared_prefix_hidden(model, sequences, needed, token_budget)
+    trim_heap()
+    return zip(flats, hidden)
 
 
 def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, fused: bool) -> torch.Tensor:

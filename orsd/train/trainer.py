@@ -211,7 +211,8 @@ class Trainer:
         p = replay.packed
         return replay_logprobs(self.reference, p.ids, p.cu_seqlens, p.response_mask,
                                self.config.rollout.temperature, self.config.replay.token_budget,
-                               self.config.replay.fused)  # the reference is a plain full copy per rank
+                               self.config.replay.fused,  # the reference is a plain full copy per rank
+                               share_prefix=self.config.replay.share_prefix)
 
     def teacher(self, groups: list[Group], advantages: Advantages, candidates: list, scores: list, selection: list,
                 replay: ReplayResult) -> Teacher:

@@ -202,26 +202,98 @@ def test_ngram_ban_forbids_exactly_the_tokens_that_would_repeat():
     assert sorted(torch.isinf(scores[0]).nonzero().flatten().tolist()) == [7, 8]
 
 
+def prefill_shapes(model, run):
+    """The [rows, tokens] of every decoder forward while `run()` runs, and what it returned."""
+    shapes = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        return shapes, run()
+    finally:
+        hook.remove()
+
+
 def test_repeated_prompts_are_prefilled_once(tiny_model, tiny_tokenizer):
-    """[A, A, B, A]: one prefill forward of the two distinct prompts, and every row decodes what it
+    """[A, A, B, A]: each distinct prompt forwarded once, unpadded, and every row decodes what it
     decodes alone (greedy, fp32)."""
     a = tiny_tokenizer.encode("Task: put a clean apple in the fridge.", add_special_tokens=False)
     b = tiny_tokenizer.encode("the agent clicks", add_special_tokens=False)
+    assert a[0] != b[0]  # nothing shared: two prefills
     model = tiny_model.eval()
     engine = HfEngine(model, tiny_tokenizer)
     sampling = Sampling(max_new_tokens=10, greedy=True)
-    rows_per_forward = []
-    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows_per_forward.append(
-        tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
-        together = engine.generate([a, a, b, a], sampling)
-    finally:
-        hook.remove()
-    assert rows_per_forward[0] == (2, len(a)) and all(shape == (4, 1) for shape in rows_per_forward[1:])
+    shapes, together = prefill_shapes(model, lambda: engine.generate([a, a, b, a], sampling))
+    assert sorted(shapes[:2]) == sorted([(1, len(a)), (1, len(b))]) and all(s == (4, 1) for s in shapes[2:])
     alone = {name: engine.generate([prompt], sampling)[0] for name, prompt in (("a", a), ("b", b))}
     for name, generation in zip("aaba", together):
         assert generation.ids == alone[name].ids and len(generation.ids) > 1
         assert generation.logprobs == pytest.approx(alone[name].logprobs, abs=1e-5)
+
+
+def test_prefix_tree_splits_where_prompts_diverge():
+    from orsd.engines.prefill import prefix_tree
+
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2, 6, 7], [9, 8]]
+    root = prefix_tree(prompts)
+    assert (root.start, root.end) == (0, 0) and [c.prompts for c in root.children] == [[0, 1, 2], [3]]
+    shared = root.children[0]
+    assert (shared.start, shared.end) == (0, 2)  # [1, 2]
+    assert [(c.start, c.end, c.prompts) for c in shared.children] == [(2, 3, [0, 1]), (2, 4, [2])]
+    # [1, 2, 3, 4] is a prefix of [1, 2, 3, 4, 5]: the segment stops one short, so it keeps its last token
+    assert [(c.start, c.end, c.prompts) for c in shared.children[0].children] == [(3, 4, [0]), (3, 5, [1])]
+    for bad in ([[1, 2], [1, 2]], [[1], []]):
+        with pytest.raises(ValueError, match="distinct, non-empty"):
+            prefix_tree(bad)
+
+
+def test_shared_prefixes_are_prefilled_once_and_decode_as_alone(tiny_model, tiny_tokenizer):
+    """A group's prompts share a prefix: it is forwarded once on one row, their remainders together
+    as one batch, an unrelated prompt alone; each row decodes what it decodes alone (greedy, fp32),
+    at temperature 1 too (the same seed, the same ids as the left-padded batch of transformers)."""
+    shared, x, y, other = list(range(10, 30)), [40, 41, 42], [43, 44, 45], [60, 61, 62, 63, 64]
+    prompts = [shared + x, shared + x, shared + y, other]
+    model = tiny_model.eval()
+    engine = HfEngine(model, tiny_tokenizer)
+    sampling = Sampling(max_new_tokens=8, greedy=True)
+    shapes, together = prefill_shapes(model, lambda: engine.generate(prompts, sampling))
+    assert sorted(shapes[:3]) == sorted([(1, len(shared)), (2, 3), (1, len(other))])
+    assert all(s == (4, 1) for s in shapes[3:])
+    for prompt, generation in zip(prompts, together):
+        alone = engine.generate([prompt], sampling)[0]
+        assert generation.ids == alone.ids and len(generation.ids) > 1
+        assert generation.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    sampling = Sampling(temperature=1.0, max_new_tokens=8)
+    torch.manual_seed(5)
+    expected_ids, expected_logprobs = transformers_generate(model, prompts, engine.pad_id, engine.stop_ids, sampling)
+    torch.manual_seed(5)
+    for row, generation in enumerate(engine._generate_batch(prompts, sampling)):
+        assert generation.ids == expected_ids[row, :len(generation.ids)].tolist()
+        assert generation.logprobs == pytest.approx(expected_logprobs[row, :len(generation.ids)].tolist(), abs=1e-5)
+
+
+def test_a_frozen_head_is_cast_once_per_decode_call(tiny_model, tiny_tokenizer):
+    """Under bf16 autocast a frozen fp32 head's weight is cast once per call, not at every step
+    (autocast caches only weights that require grad), with the logits the model's own head gives."""
+    from torch.profiler import profile
+
+    from orsd.engines.decode import next_token_head
+
+    model = tiny_model.eval()
+    head = model.get_output_embeddings()
+    head.weight.requires_grad_(False)
+    try:
+        hidden = torch.randn(3, model.config.hidden_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(next_token_head(model)(hidden), head(hidden))
+            engine = HfEngine(model, tiny_tokenizer)
+            with profile(record_shapes=True) as prof:
+                generated = engine.generate([[10, 11, 12], [13, 14]], Sampling(max_new_tokens=6, greedy=True))
+        assert all(len(g.ids) == 6 for g in generated)  # 6 steps, which would be 6 casts
+        weight_shape = list(head.weight.shape)
+        casts = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == weight_shape]
+        assert len(casts) == 1
+    finally:
+        head.weight.requires_grad_(True)
 
 
 def test_top_k_samples_only_the_k_most_likely_tokens(tiny_model, tiny_tokenizer):

@@ -103,3 +103,52 @@ def test_prefix_batches_bound_the_padded_cost_and_keep_every_index():
         assert cost <= 1300 or len(batch) == 1
     # similar prefixes share a batch (their suffixes are alike too); the long one is alone
     assert sorted(map(sorted, batches)) == [[0, 2, 5], [1, 3], [4]]
+
+
+def group_records(seed=1):
+    """What a step's records share: one system prompt, two tasks with three episodes each, later
+    turns whose context extends an earlier turn's (a full history), a repeated record, and a
+    record with a one-token response."""
+    rng = random.Random(seed)
+    tokens = lambda n: [rng.randrange(3, 90) for _ in range(n)]  # noqa: E731
+    system = tokens(12)
+    records = []
+    for _ in range(2):
+        task = system + tokens(9)
+        for _ in range(3):
+            context = task + tokens(rng.randint(1, 5))
+            for turn in range(3):
+                records.append(record(context, tokens(rng.randint(1, 5)), len(task)))
+                context = context + tokens(rng.randint(2, 6))  # the next turn extends this context
+    records.append(record(records[4].context_ids, records[4].response_ids, 0))
+    records.append(record(tokens(7), [5], 0))
+    return records
+
+
+@pytest.mark.parametrize("token_budget", [48, 4096])  # leaf batches split by the budget / one batch
+@pytest.mark.parametrize("fused", [True, False])
+def test_reference_pass_with_shared_prefixes_equals_whole_forwards(tiny_model, token_budget, fused):
+    """replay_logprobs(share_prefix=True), the reference pass: the log-probs of whole padded
+    forwards (fp32) at every response token, 0 elsewhere, from far fewer tokens forwarded."""
+    from orsd.train.replay import pack, replay_logprobs
+
+    packed = pack(group_records())
+    run = lambda share: replay_logprobs(tiny_model, packed.ids, packed.cu_seqlens, packed.response_mask,  # noqa: E731
+                                        0.8, token_budget, fused, share_prefix=share)
+    shared, shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
+    whole, whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
+    scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
+    assert torch.all(whole[scored] < 0) and torch.all(shared[~scored] == 0)
+    torch.testing.assert_close(shared, whole, rtol=0, atol=2e-5)
+    assert shared_tokens < 0.6 * whole_tokens
+    assert tiny_model.training  # restored (the fixture's model trains)
+
+
+def test_reference_pass_under_bf16_autocast_is_close_to_whole_forwards(tiny_model):
+    from orsd.train.replay import pack, replay_logprobs
+
+    packed = pack(group_records(seed=2))
+    with autocast(tiny_model, "bfloat16"):
+        shared, whole = (replay_logprobs(tiny_model, packed.ids, packed.cu_seqlens, packed.response_mask, 1.0, 4096,
+                                         share_prefix=share) for share in (True, False))
+    assert (shared - whole).abs().max() < 0.05 and shared.abs().sum() > 1

@@ -1,0 +1,220 @@
+"""No-grad forwards along a prefix tree: every distinct sequence without padding, and a prefix that
+several share computed once. The hf decode loop prefills with it (`tree_prefill`), and the
+reference pass scores a step's records with it (`shared_prefix_hidden`, train/replay.py).
+
+A rollout turn's prompts share a lot: a group's episodes start from the same system prompt, task
+and first observation (~230 of ~300–570 tokens on the default WebShop shape), and the group's
+first turn is the same prompt N times. Prefilled as one left-padded batch, every row also paid
+for the padding up to the longest prompt: on the 2-core CPU a turn of 6 such prompts
+(231–573 tokens) took 4.6 s to prefill, about as long as its 40 decode steps.
+
+Here the distinct prompts form a prefix tree (`prefix_tree`): a node holds the tokens all its
+prompts share beyond its parent's. A node's segment is forwarded once on one row, continuing
+its parent's keys/values; a node's leaves (the prompts' own remainders) are forwarded together as
+one right-padded batch on copies of those keys/values. Each prompt's keys/values are then laid
+into the decode cache left-padded, as the batched prefill would have left them, so the decode
+steps are unchanged. The logits differ from the batched prefill's only by floating-point order.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Node:
+    """Tokens [start, end) of every prompt in `prompts`, which all share tokens [0, end)."""
+
+    start: int
+    end: int
+    prompts: list[int]
+    children: list[Node] = field(default_factory=list)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+def prefix_tree(prompts: list[list[int]], first: list[int] | None = None) -> Node:
+    """The prefix tree of distinct, non-empty `prompts`. A node's segment stops at the first
+    position whose hidden state one of its prompts needs (`first[i]`; by default its last token,
+    whose logits start a decode), so every needed position lies in a leaf."""
+    if len({tuple(p) for p in prompts}) != len(prompts) or not all(prompts):
+        raise ValueError("prefix_tree: expected distinct, non-empty prompts")
+    first = [len(p) - 1 for p in prompts] if first is None else first
+    if any(not 0 <= f < len(p) for f, p in zip(first, prompts)) or len(first) != len(prompts):
+        raise ValueError("prefix_tree: first[i] must be a position of prompt i")
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    return _node(prompts, first, order, 0)
+
+
+def _node(prompts: list[list[int]], first: list[int], order: list[int], start: int) -> Node:
+    if len(order) == 1:
+        return Node(start, len(prompts[order[0]]), order)
+    # sorted, so what the first and last prompts share, all share
+    lowest, highest = prompts[order[0]], prompts[order[-1]]
+    end, limit = start, min(first[i] for i in order)
+    while end < limit and lowest[end] == highest[end]:
+        end += 1
+    node = Node(start, end, order)
+    # children: a prompt that needs position `end` alone (the segment stopped for it), the others
+    # in runs with the same token at `end` (contiguous, as the prompts are sorted)
+    runs: list[list[int]] = []
+    for i in order:
+        if first[i] == end:
+            runs.append([i])
+        elif runs and first[runs[-1][0]] > end and prompts[runs[-1][0]][end] == prompts[i][end]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    node.children = [_node(prompts, first, run, end) for run in runs]
+    return node
+
+
+def supports_tree_prefill(model, cache) -> bool:
+    """Every cache layer a plain full-attention layer (no sliding window, no recurrent state), whose
+    keys/values can be cut per row and laid side by side."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(isinstance(layer, DynamicLayer) and not getattr(layer, "is_sliding", False) for layer in cache.layers)
+
+
+def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | None, device, on_leaf,
+                 token_budget: int = 0) -> None:
+    """Forward distinct `prompts` along their prefix tree (no grad). For each prompt i, once:
+    `on_leaf(i, cache, row, hidden, start)`: row `row` of `cache` holds its keys/values from
+    position 0, `hidden` [H, ...] is its final hidden states from position `start` on (its leaf's
+    batch row, right-padded). Leaf batches stay within `token_budget` padded tokens (0: any)."""
+    from transformers.cache_utils import DynamicCache
+
+    def forward(cache, rows: list[list[int]], start: int):
+        """rows right-padded, continuing `cache` (which holds `start` positions of every row)."""
+        width = max(len(r) for r in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), start + width), dtype=torch.long)
+        mask[:, :start] = 1
+        for row, tokens in enumerate(rows):
+            ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, start:start + len(tokens)] = 1
+        positions = (start + torch.arange(width)).expand(len(rows), width)
+        cache = cache if cache is not None else DynamicCache(config=config)
+        hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                         past_key_values=cache, use_cache=True).last_hidden_state
+        return cache, hidden
+
+    def visit(node: Node, cache) -> None:
+        if node.end > node.start:  # the shared segment, once
+            cache, _ = forward(cache, [prompts[node.prompts[0]][node.start:node.end]], node.start)
+        batches = _similar_lengths([c for c in node.children if c.is_leaf], prompts, token_budget)
+        inner = [c for c in node.children if not c.is_leaf]
+        uses = len(batches) + len(inner)
+        for batch in batches:  # the last use of `cache` takes it; the others a copy (a chain of
+            uses -= 1          # prefixes so holds one cache, not one per level)
+            branch = cache if not uses or cache is None else copy.deepcopy(cache)
+            if branch is not None and len(batch) > 1:
+                branch.batch_repeat_interleave(len(batch))
+            branch, hidden = forward(branch, [prompts[leaf.prompts[0]][node.end:] for leaf in batch], node.end)
+            for row, leaf in enumerate(batch):
+                on_leaf(leaf.prompts[0], branch, row, hidden[row], node.end)
+            del branch, hidden
+        for child in inner:
+            uses -= 1
+            visit(child, cache if not uses or cache is None else copy.deepcopy(cache))
+
+    root = prefix_tree(prompts, first)
+    if root.is_leaf:  # one prompt
+        root = Node(0, 0, root.prompts, [root])
+    visit(root, None)
+
+
+def tree_prefill(decoder, config, prompts: list[list[int]], device) -> tuple[list[list[tuple]], torch.Tensor]:
+    """Per distinct prompt, its keys and values per layer ([KV, L, D] each) and the final hidden
+    state of its last token ([P, H])."""
+    kv: list[list[tuple] | None] = [None] * len(prompts)
+    last: list[torch.Tensor | None] = [None] * len(prompts)
+
+    def keep(i: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
+        length = len(prompts[i])
+        kv[i] = [(layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in cache.layers]
+        last[i] = hidden[length - 1 - start]
+
+    tree_forward(decoder, config, prompts, None, device, keep)
+    return kv, torch.stack(last)
+
+
+def _similar_lengths(leaves: list[Node], prompts, token_budget: int = 0) -> list[list[Node]]:
+    """Leaves batched so that right padding stays under a quarter of a batch's tokens, and a batch
+    within `token_budget` padded tokens (0: any)."""
+    order = sorted(leaves, key=lambda leaf: len(prompts[leaf.prompts[0]]))
+    batches, current, total = [], [], 0
+    for leaf in order:
+        length = len(prompts[leaf.prompts[0]]) - leaf.start
+        wide = (len(current) + 1) * length
+        if current and (wide > 1.25 * (total + length) or (token_budget and wide > token_budget)):
+            batches.append(current)
+            current, total = [], 0
+        current.append(leaf)
+        total += length
+    if current:
+        batches.append(current)
+    return batches
+
+
+def lay_into(cache, kv: list[list[tuple]], inverse: list[int], width: int) -> None:
+    """Write row r's keys/values (those of distinct prompt inverse[r]) into `cache`, left-padded to
+    `width` positions, as a left-padded batched prefill leaves them."""
+    for index in range(len(kv[0])):
+        keys0, values0 = kv[0][index]
+        keys = keys0.new_zeros((len(inverse), keys0.shape[0], width, keys0.shape[-1]))
+        values = values0.new_zeros((len(inverse), values0.shape[0], width, values0.shape[-1]))
+        for row, prompt in enumerate(inverse):
+            k, v = kv[prompt][index]
+            keys[row, :, width - k.shape[1]:] = k
+            values[row, :, width - v.shape[1]:] = v
+        cache.update(keys, values, index)
+
+
+def serves(model) -> bool:
+    """The model's own cache is one `tree_forward` can cut and lay (see supports_tree_prefill)."""
+    from transformers.cache_utils import DynamicCache
+
+    return supports_tree_prefill(model, DynamicCache(config=model.config))
+
+
+@torch.no_grad()
+def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[int]],
+                         token_budget: int = 0) -> list[torch.Tensor]:
+    """Final hidden states [len(needed[i]), H] at the ascending positions `needed[i]` of every
+    sequence, each prefix that sequences share forwarded once and repeated sequences once. Where a
+    record's context extends the one before it (a trajectory's turns under a full history) this
+    is one forward of the trajectory instead of one per turn. Leaf batches stay within
+    `token_budget` padded tokens (0: any)."""
+    device = next(model.parameters()).device
+    distinct: dict[tuple, int] = {}
+    prompts, first, out = [], [], [None] * len(sequences)
+    for i, sequence in enumerate(sequences):
+        key = tuple(sequence)
+        if key not in distinct:
+            distinct[key] = len(prompts)
+            prompts.append(sequence)
+            first.append(needed[i][0])
+        else:
+            first[distinct[key]] = min(first[distinct[key]], needed[i][0])
+    wanted: list[list[int]] = [[] for _ in prompts]
+    for i, sequence in enumerate(sequences):
+        wanted[distinct[tuple(sequence)]].append(i)
+    was_training = model.training
+    model.eval()
+
+    def keep(p: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
+        for i in wanted[p]:
+            out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
+
+    try:
+        tree_forward(model.get_decoder(), model.config, prompts, first, device, keep, token_budget)
+    finally:
+        model.train(was_training)
+    return out
