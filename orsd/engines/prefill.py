@@ -82,9 +82,18 @@ def supports_tree_prefill(model, cache) -> bool:
     return all(isinstance(layer, DynamicLayer) and not getattr(layer, "is_sliding", False) for layer in cache.layers)
 
 
+def serves(model) -> bool:
+    """The model's own cache is one `tree_forward` can cut, lay and branch (see
+    supports_tree_prefill), and its forward keeps a cache (gradient checkpointing drops it)."""
+    from transformers.cache_utils import DynamicCache
+
+    return (supports_tree_prefill(model, DynamicCache(config=model.config))
+            and not getattr(model, "is_gradient_checkpointing", False))
+
+
 def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | None, device, on_leaf,
                  token_budget: int = 0) -> None:
-    """Forward distinct `prompts` along their prefix tree (no grad). For each prompt i, once:
+    """Forward distinct `prompts` along their prefix tree. For each prompt i, once:
     `on_leaf(i, cache, row, hidden, start)`: row `row` of `cache` holds its keys/values from
     position 0, `hidden` [H, ...] is its final hidden states from position `start` on (its leaf's
     batch row, right-padded). Leaf batches stay within `token_budget` padded tokens (0: any)."""
@@ -111,9 +120,9 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
         batches = _similar_lengths([c for c in node.children if c.is_leaf], prompts, token_budget)
         inner = [c for c in node.children if not c.is_leaf]
         uses = len(batches) + len(inner)
-        for batch in batches:  # the last use of `cache` takes it; the others a copy (a chain of
-            uses -= 1          # prefixes so holds one cache, not one per level)
-            branch = cache if not uses or cache is None else copy.deepcopy(cache)
+        for batch in batches:  # the last use of `cache` takes it; the others a branch of it
+            uses -= 1
+            branch = cache if not uses or cache is None else _branch(cache)
             if branch is not None and len(batch) > 1:
                 branch.batch_repeat_interleave(len(batch))
             branch, hidden = forward(branch, [prompts[leaf.prompts[0]][node.end:] for leaf in batch], node.end)
@@ -122,12 +131,21 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
             del branch, hidden
         for child in inner:
             uses -= 1
-            visit(child, cache if not uses or cache is None else copy.deepcopy(cache))
+            visit(child, cache if not uses or cache is None else _branch(cache))
 
     root = prefix_tree(prompts, first)
     if root.is_leaf:  # one prompt
         root = Node(0, 0, root.prompts, [root])
     visit(root, None)
+
+
+def _branch(cache):
+    """A cache that continues from `cache` without changing it: transformers' DynamicLayer appends by
+    concatenating into a new tensor, so the branch can hold the same tensors (no copy, and under
+    autograd the shared prefix's graph is shared, its gradient summed over the branches)."""
+    branch = copy.copy(cache)
+    branch.layers = [copy.copy(layer) for layer in cache.layers]
+    return branch
 
 
 def tree_prefill(decoder, config, prompts: list[list[int]], device) -> tuple[list[list[tuple]], torch.Tensor]:
@@ -177,21 +195,15 @@ def lay_into(cache, kv: list[list[tuple]], inverse: list[int], width: int) -> No
         cache.update(keys, values, index)
 
 
-def serves(model) -> bool:
-    """The model's own cache is one `tree_forward` can cut and lay (see supports_tree_prefill)."""
-    from transformers.cache_utils import DynamicCache
-
-    return supports_tree_prefill(model, DynamicCache(config=model.config))
-
-
-@torch.no_grad()
 def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[int]],
                          token_budget: int = 0) -> list[torch.Tensor]:
     """Final hidden states [len(needed[i]), H] at the ascending positions `needed[i]` of every
     sequence, each prefix that sequences share forwarded once and repeated sequences once. Where a
     record's context extends the one before it (a trajectory's turns under a full history) this
     is one forward of the trajectory instead of one per turn. Leaf batches stay within
-    `token_budget` padded tokens (0: any)."""
+    `token_budget` padded tokens (0: any). Differentiable under autograd (the update, the warm
+    start): a shared prefix's gradient is the sum over the sequences that read it, as when each
+    forwarded its own copy. Every `needed[i]` must be non-empty."""
     device = next(model.parameters()).device
     distinct: dict[tuple, int] = {}
     prompts, first, out = [], [], [None] * len(sequences)
@@ -206,15 +218,10 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
     wanted: list[list[int]] = [[] for _ in prompts]
     for i, sequence in enumerate(sequences):
         wanted[distinct[tuple(sequence)]].append(i)
-    was_training = model.training
-    model.eval()
 
     def keep(p: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
         for i in wanted[p]:
             out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
 
-    try:
-        tree_forward(model.get_decoder(), model.config, prompts, first, device, keep, token_budget)
-    finally:
-        model.train(was_training)
+    tree_forward(model.get_decoder(), model.config, prompts, first, device, keep, token_budget)
     return out

@@ -304,6 +304,9 @@ class OptimConfig:
     lm_head: str = doc("fused", "the update's LM head + log-softmax: fused (ops.lm_head_logprobs, forward and backward "
                        "without a tokens x vocab tensor) | chunked (torch in checkpointed 1,024-token chunks, the "
                        "reference); the warm start uses the same", choices=("fused", "chunked"))
+    share_prefix: bool = doc(True, "the update and the warm start forward a prefix that a micro-batch's sequences "
+                                   "share (system prompt, task) once, its gradient summed over them (off: each "
+                                   "sequence whole; always off under ZeRO-3 and gradient checkpointing)")
     train_layers: int = doc(0, "update only the top N decoder layers and the final norm (0, or N >= the model's "
                             "layers: every parameter, as the paper); the embeddings, a head tied to them and "
                             "the layers below stay as the warm start left them, so they get no gradients, no "

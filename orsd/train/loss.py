@@ -60,7 +60,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
            clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
            lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None,
-           lm_head: str = "fused") -> dict:
+           lm_head: str = "fused", share_prefix: bool = False) -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -70,6 +70,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
     this is the accumulation boundary) and optimizer.step(). `distill` (orsd.train.distill.DistillTerm)
     makes f_p = pg_coef·pg_p + η·k3_p + w_p·ℓ_p, ℓ computed in the same micro-batches and chunks.
+    `share_prefix`: see train_logprobs (the micro-batches, and so Eq. 14's token means, are the same).
     """
     batches = microbatches(packed, micro_batch_tokens, micro_batch_size)
     num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
@@ -95,7 +96,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
                     else {"chunk_term": distill.chunk_term(flat), "chunk_tokens": distill.chunk_tokens})
         logprobs, entropy, chunk_values = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions,
                                                          temperature, precision=precision, lm_head=lm_head,
-                                                         **chunking)
+                                                         share_prefix=share_prefix, **chunking)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
                                advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
         f = terms.loss  # f_p of Eq. 14

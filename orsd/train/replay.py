@@ -150,6 +150,15 @@ def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], p
     return picked(hidden, [p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
 
 
+def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor]):
+    """_hidden_rows from a forward along the sequences' prefix tree (engines/prefill.py)."""
+    rows = [(ids[int(cu[s]):int(cu[s + 1])].tolist(), (p - int(cu[s]) - 1).tolist())
+            for s, p in zip(batch, positions) if len(p)]
+    if not rows:
+        return _hidden_rows(model, ids, cu, batch, positions)
+    return torch.cat(prefill.shared_prefix_hidden(model, [r[0] for r in rows], [r[1] for r in rows]))
+
+
 def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:
     """hidden[row, columns[row]] for every row, concatenated: [Σ len(columns[row]), H]."""
     rows = torch.cat([torch.full((len(cols),), row, dtype=torch.long) for row, cols in enumerate(columns)])
@@ -222,7 +231,12 @@ def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: to
             flats.append(local + start)
             sequences.append(ids[start:end].tolist())
             needed.append((local - 1).tolist())
-    hidden = prefill.shared_prefix_hidden(model, sequences, needed, token_budget)
+    was_training = model.training
+    model.eval()
+    try:
+        hidden = prefill.shared_prefix_hidden(model, sequences, needed, token_budget)
+    finally:
+        model.train(was_training)
     trim_heap()
     return zip(flats, hidden)
 
@@ -353,7 +367,8 @@ def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
                    temperature: float, chunk_tokens: int = 1024, precision: str = "",
-                   chunk_term=None, lm_head: str = "fused") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   chunk_term=None, lm_head: str = "fused",
+                   share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Differentiable log-probs, detached entropies and, with `chunk_term`, a differentiable
     per-token term of the response tokens of one micro-batch.
 
@@ -367,13 +382,15 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
     the same checkpointed chunk, for a term that needs the whole distribution (a distillation
     divergence) without a tokens × vocab tensor beyond the chunk. `precision` autocasts the forward
     only: autocast must not reach the backward or the optimizer step (seen here: with both under
-    CPU bf16 autocast, SmolLM2's warm start stopped learning).
+    CPU bf16 autocast, SmolLM2's warm start stopped learning). `share_prefix`: a prefix that the
+    micro-batch's sequences share forwarded once (engines/prefill.py), where the model serves it.
     """
     if lm_head not in ("fused", "chunked"):
         raise ValueError(f"lm_head: {lm_head!r}; expected 'fused' or 'chunked'")
     fn, extra = chunk_term if chunk_term is not None else (None, ())
     with autocast(model, precision):
-        hidden = _hidden_rows(model, ids, cu, batch, positions)
+        shared = share_prefix and prefill.serves(model)
+        hidden = (_shared_hidden_rows if shared else _hidden_rows)(model, ids, cu, batch, positions)
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
         if lm_head == "fused" and fn is None and fused_head_serves(head):

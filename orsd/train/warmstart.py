@@ -101,16 +101,19 @@ def answer_ids(tokenizer, text: str) -> list[int]:
 
 def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int, seed: int = 0,
                progress=None, precision: str = "", micro_batch_tokens: int = 2048,
-               lm_head: str = "fused", train_layers: int = 0) -> list[float]:
+               lm_head: str = "fused", train_layers: int = 0, share_prefix: bool = False) -> list[float]:
     """Cross-entropy on the demonstration answers only (mean over a batch's answer tokens);
     returns the loss of every optimizer step. Each batch of `batch_size` demonstrations is split
     into micro-batches of at most `micro_batch_tokens` padded tokens, so memory stays bounded
-    whatever the prompt lengths. `train_layers` > 0 fits only the top layers (`fitted_layers`)."""
+    whatever the prompt lengths. `train_layers` > 0 fits only the top layers (`fitted_layers`);
+    `share_prefix` forwards what a micro-batch's demonstrations share once (see train_logprobs)."""
     with fitted_layers(model, train_layers):
-        return _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head)
+        return _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head,
+                    share_prefix)
 
 
-def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head) -> list[float]:
+def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head,
+         share_prefix) -> list[float]:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []
@@ -126,7 +129,7 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
             for batch in budget_batches(packed.lengths, micro_batch_tokens):
                 positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
                 logprobs, _, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
-                                                precision=precision, lm_head=lm_head)
+                                                precision=precision, lm_head=lm_head, share_prefix=share_prefix)
                 loss = -logprobs.sum() / answer_tokens
                 loss.backward()
                 total += float(loss.detach())
@@ -189,7 +192,8 @@ def run_warm_start(config, policy, tokenizer, env, log=print) -> list[float]:
 
         losses = warm_start(policy, demos, w.epochs, w.lr, w.batch_size, config.train.seed, progress=progress,
                             precision=config.model.autocast, micro_batch_tokens=w.micro_batch_tokens,
-                            lm_head=config.optim.lm_head, train_layers=w.train_layers)
+                            lm_head=config.optim.lm_head, train_layers=w.train_layers,
+                            share_prefix=config.optim.share_prefix)  # before any DeepSpeed wrapping
     log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
         f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
         f"{time.perf_counter() - start:.0f} s" if losses else "warm start: no demonstrations collected")

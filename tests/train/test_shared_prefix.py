@@ -152,3 +152,66 @@ def test_reference_pass_under_bf16_autocast_is_close_to_whole_forwards(tiny_mode
         shared, whole = (replay_logprobs(tiny_model, packed.ids, packed.cu_seqlens, packed.response_mask, 1.0, 4096,
                                          share_prefix=share) for share in (True, False))
     assert (shared - whole).abs().max() < 0.05 and shared.abs().sum() > 1
+
+
+@pytest.mark.parametrize("lm_head", ["fused", "chunked"])
+@pytest.mark.parametrize("top", [0, 1])  # every layer trained / the lower layer frozen (optim.train_layers)
+def test_update_forward_with_shared_prefixes_equals_whole_forwards(tiny_model, lm_head, top):
+    """train_logprobs(share_prefix=True), the update's and the warm start's forward: the log-probs
+    and every parameter's gradient of whole padded forwards (fp32), from fewer tokens forwarded."""
+    from orsd.train.model import freeze_below
+    from orsd.train.replay import batch_positions, pack, train_logprobs
+
+    packed = pack(group_records(seed=3))
+    batch = list(range(packed.num_sequences))
+    positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
+    weights = torch.randn(int(sum(len(p) for p in positions)), generator=torch.Generator().manual_seed(0))
+    freeze_below(tiny_model, top, "optim.train_layers")
+    trained = [p for p in tiny_model.parameters() if p.requires_grad]
+    assert 0 < len(trained) and (top == 0) == (len(trained) == len(list(tiny_model.parameters())))
+
+    def run(share):
+        tiny_model.zero_grad(set_to_none=True)
+        logprobs, _, _ = train_logprobs(tiny_model, packed.ids, packed.cu_seqlens, batch, positions, 0.8,
+                                        lm_head=lm_head, share_prefix=share)
+        (weights * logprobs).sum().backward()
+        return logprobs.detach(), [p.grad.clone() for p in trained]
+
+    (shared, shared_grads), shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
+    (whole, whole_grads), whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
+    torch.testing.assert_close(shared, whole, rtol=0, atol=2e-5)
+    for a, b in zip(shared_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert all(float(g.abs().sum()) > 0 for g in whole_grads)
+    assert shared_tokens < 0.6 * whole_tokens
+
+
+def test_update_with_shared_prefixes_takes_the_same_step(tiny_model):
+    """loss.update with optim.share_prefix on and off: the same metrics and the same weights after
+    the step (fp32, a step with PPO clipping and the k3 KL active)."""
+    import copy
+
+    from orsd.train.loss import update
+    from orsd.train.replay import pack
+
+    packed = pack(group_records(seed=4))
+    generator = torch.Generator().manual_seed(1)
+    n = len(packed.ids)
+    old = -torch.rand(n, generator=generator) * 3
+    ref = old + 0.1 * torch.randn(n, generator=generator)
+    advantages = torch.randn(n, generator=generator)
+    results = []
+    for share in (True, False):
+        model = copy.deepcopy(tiny_model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        metrics = update(model, optimizer, packed, old, ref, advantages, temperature=1.0, micro_batch_tokens=96,
+                         clip_eps=0.2, dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0,
+                         share_prefix=share)
+        results.append(({k: m.value for k, m in metrics.items()}, [p.detach().clone() for p in model.parameters()]))
+    (shared_metrics, shared_weights), (whole_metrics, whole_weights) = results
+    assert shared_metrics["micro_batches"] == whole_metrics["micro_batches"] > 1
+    for key in ("loss", "kl", "clip_fraction", "grad_norm"):
+        assert shared_metrics[key] == pytest.approx(whole_metrics[key], rel=1e-4, abs=1e-6)
+    assert shared_metrics["clip_fraction"] > 0
+    for a, b in zip(shared_weights, whole_weights):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
