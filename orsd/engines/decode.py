@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .prefill import lay_into, supports_tree_prefill, tree_prefill
+from .prefill import distinct_rows, lay_into, supports_tree_prefill, tree_prefill
 
 
 def check_top_k(sampling) -> None:
@@ -37,18 +37,29 @@ def check_top_k(sampling) -> None:
         raise ValueError(f"sampling.top_k={sampling.top_k}: expected an integer >= 0 (0: off)")
 
 
+def lm_head_of(model) -> torch.nn.Linear | None:
+    """The output projection when logits or log-probs may be taken straight from it (no bias, no
+    soft-capping or logit scaling between hidden states and logits); otherwise None (use the
+    model's logits). The decode loop and replay both ask this."""
+    head = model.get_output_embeddings()
+    config = model.config
+    if (not isinstance(head, torch.nn.Linear) or head.bias is not None
+            or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)):
+        return None
+    return head
+
+
 def next_token_head(model):
     """hidden [n, H] -> next-token logits [n, V] as the model's forward computes them, with the LM
-    head's weight cast to the autocast dtype once per decode call; None for a head that is not a
-    plain bias-free linear layer, or logits the model rescales (soft-capping, logit scale).
+    head's weight cast to the autocast dtype once per decode call; None where `lm_head_of` finds
+    no plain head.
 
     Autocast caches its cast of a weight only while the weight requires grad, so a frozen fp32
     head (a head tied to embeddings that optim.train_layers froze) was cast at every decode step:
     on the 2-core CPU 22 ms of a ~0.1 s step for SmolLM2's 49,152 × 576 head. The cast here rounds
     as autocast does, so the logits are the same."""
-    head, config = model.get_output_embeddings(), model.config
-    if (not isinstance(head, torch.nn.Linear) or head.bias is not None
-            or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)):
+    head = lm_head_of(model)
+    if head is None:
         return None
     weight, device = head.weight, head.weight.device.type
     if torch.is_autocast_enabled(device) and weight.dtype == torch.float32:
@@ -119,19 +130,6 @@ def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
 
 
-def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
-    """The first row of each distinct prompt, and for every row the index of its prompt among them."""
-    seen: dict[tuple, int] = {}
-    first, inverse = [], []
-    for row, prompt in enumerate(prompts):
-        key = tuple(prompt)
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(row)
-        inverse.append(seen[key])
-    return first, inverse
-
-
 @torch.no_grad()
 def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int],
            pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +149,7 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
     first, inverse = distinct_rows(prompts)
     head = next_token_head(model)
     decoder = model.get_decoder()
-    if head is not None and supports_tree_prefill(model, cache):
+    if head is not None and supports_tree_prefill(cache):
         kv, last = tree_prefill(decoder, model.config, [prompts[i] for i in first], device)
         lay_into(cache, kv, inverse, input_ids.shape[1])
         logits = head(last)[torch.tensor(inverse, device=device)]

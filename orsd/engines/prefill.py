@@ -1,6 +1,7 @@
-"""No-grad forwards along a prefix tree: every distinct sequence without padding, and a prefix that
-several share computed once. The hf decode loop prefills with it (`tree_prefill`), and the
-reference pass scores a step's records with it (`shared_prefix_hidden`, train/replay.py).
+"""Forwards along a prefix tree: every distinct sequence without padding, and a prefix that several
+share computed once. The hf decode loop prefills with it (`tree_prefill`); the reference pass, the
+update and the warm start take hidden states from it (`shared_prefix_hidden`, train/replay.py),
+the last two under autograd.
 
 A rollout turn's prompts share a lot: a group's episodes start from the same system prompt, task
 and first observation (~230 of ~300–570 tokens on the default WebShop shape), and the group's
@@ -11,7 +12,7 @@ for the padding up to the longest prompt: on the 2-core CPU a turn of 6 such pro
 Here the distinct prompts form a prefix tree (`prefix_tree`): a node holds the tokens all its
 prompts share beyond its parent's. A node's segment is forwarded once on one row, continuing
 its parent's keys/values; a node's leaves (the prompts' own remainders) are forwarded together as
-one right-padded batch on copies of those keys/values. Each prompt's keys/values are then laid
+one right-padded batch on branches of those keys/values (`_branch`: shared, not copied). Each prompt's keys/values are then laid
 into the decode cache left-padded, as the batched prefill would have left them, so the decode
 steps are unchanged. The logits differ from the batched prefill's only by floating-point order.
 """
@@ -74,7 +75,20 @@ def _node(prompts: list[list[int]], first: list[int], order: list[int], start: i
     return node
 
 
-def supports_tree_prefill(model, cache) -> bool:
+def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The first row of each distinct prompt, and for every row the index of its prompt among them."""
+    seen: dict[tuple, int] = {}
+    first, inverse = [], []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        inverse.append(seen[key])
+    return first, inverse
+
+
+def supports_tree_prefill(cache) -> bool:
     """Every cache layer a plain full-attention layer (no sliding window, no recurrent state), whose
     keys/values can be cut per row and laid side by side."""
     from transformers.cache_utils import DynamicLayer
@@ -87,7 +101,7 @@ def serves(model) -> bool:
     supports_tree_prefill), and its forward keeps a cache (gradient checkpointing drops it)."""
     from transformers.cache_utils import DynamicCache
 
-    return (supports_tree_prefill(model, DynamicCache(config=model.config))
+    return (supports_tree_prefill(DynamicCache(config=model.config))
             and not getattr(model, "is_gradient_checkpointing", False))
 
 
@@ -205,19 +219,14 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
     start): a shared prefix's gradient is the sum over the sequences that read it, as when each
     forwarded its own copy. Every `needed[i]` must be non-empty."""
     device = next(model.parameters()).device
-    distinct: dict[tuple, int] = {}
-    prompts, first, out = [], [], [None] * len(sequences)
-    for i, sequence in enumerate(sequences):
-        key = tuple(sequence)
-        if key not in distinct:
-            distinct[key] = len(prompts)
-            prompts.append(sequence)
-            first.append(needed[i][0])
-        else:
-            first[distinct[key]] = min(first[distinct[key]], needed[i][0])
+    rows, inverse = distinct_rows(sequences)
+    prompts = [sequences[row] for row in rows]
+    first = [len(p) for p in prompts]
     wanted: list[list[int]] = [[] for _ in prompts]
-    for i, sequence in enumerate(sequences):
-        wanted[distinct[tuple(sequence)]].append(i)
+    for i, p in enumerate(inverse):  # a repeated sequence: from the earliest position any copy needs
+        first[p] = min(first[p], needed[i][0])
+        wanted[p].append(i)
+    out: list[torch.Tensor | None] = [None] * len(sequences)
 
     def keep(p: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
         for i in wanted[p]:

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import ops
 from orsd.engines import prefill
+from orsd.engines.decode import lm_head_of
 
 from .distributed import gathered
 from .model import autocast, autocast_dtype, trim_heap
@@ -124,17 +125,6 @@ def prefix_batches(prefixes: list[int], suffixes: list[int], token_budget: int) 
     return batches
 
 
-def lm_head_of(model) -> torch.nn.Linear | None:
-    """The output projection when log-probs may be taken straight from it (no bias, no soft-capping
-    or logit scaling between hidden states and logits); otherwise None (use the model's logits)."""
-    head = model.get_output_embeddings()
-    config = model.config
-    if (not isinstance(head, torch.nn.Linear) or head.bias is not None
-            or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)):
-        return None
-    return head
-
-
 def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor]):
     """Final hidden states predicting each position in `positions[i]` of sequence batch[i]."""
     device = next(model.parameters()).device
@@ -150,13 +140,14 @@ def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], p
     return picked(hidden, [p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
 
 
-def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor]):
+def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
+                        token_budget: int = 0):
     """_hidden_rows from a forward along the sequences' prefix tree (engines/prefill.py)."""
     rows = [(ids[int(cu[s]):int(cu[s + 1])].tolist(), (p - int(cu[s]) - 1).tolist())
             for s, p in zip(batch, positions) if len(p)]
     if not rows:
         return _hidden_rows(model, ids, cu, batch, positions)
-    return torch.cat(prefill.shared_prefix_hidden(model, [r[0] for r in rows], [r[1] for r in rows]))
+    return torch.cat(prefill.shared_prefix_hidden(model, [r[0] for r in rows], [r[1] for r in rows], token_budget))
 
 
 def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:
@@ -221,24 +212,19 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
 
 
 def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int):
-    """response_hidden's (positions, hidden) pairs, one per sequence, from shared-prefix forwards."""
-    flats, sequences, needed = [], [], []
-    for s in range(len(cu) - 1):
-        start, end = int(cu[s]), int(cu[s + 1])
-        local = mask[start:end].nonzero().squeeze(-1)
-        local = local[local > 0]
-        if len(local):  # token p is predicted from p - 1
-            flats.append(local + start)
-            sequences.append(ids[start:end].tolist())
-            needed.append((local - 1).tolist())
+    """response_hidden's (positions, hidden), once for all sequences, from shared-prefix forwards."""
+    positions = batch_positions(mask, cu, list(range(len(cu) - 1)))
+    active = [s for s, p in enumerate(positions) if len(p)]  # sequences with nothing to score: no forward
+    if not active:
+        return []
     was_training = model.training
     model.eval()
     try:
-        hidden = prefill.shared_prefix_hidden(model, sequences, needed, token_budget)
+        hidden = _shared_hidden_rows(model, ids, cu, active, [positions[s] for s in active], token_budget)
     finally:
         model.train(was_training)
     trim_heap()
-    return zip(flats, hidden)
+    return [(torch.cat([positions[s] for s in active]), hidden)]
 
 
 def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, fused: bool) -> torch.Tensor:
