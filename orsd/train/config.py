@@ -278,8 +278,8 @@ class VerifierConfig:
 class ReplayConfig:
     token_budget: int = doc(16384, "tokens (padded) per no-grad replay forward", ge=1)
     fused: bool = doc(True, "log-probs from hidden states and the LM head without a T x V tensor")
-    share_prefix: bool = doc(True, "paired replay forwards each context up to its rubric slot once, for both "
-                                   "passes, and the reference pass forwards a prefix that records share once "
+    share_prefix: bool = doc(True, "paired replay's two passes and the reference pass forward what records share "
+                                   "(system prompt, task, context up to the slot) once, along a prefix tree "
                                    "(off: whole forwards; always off under ZeRO-3)")
 
 

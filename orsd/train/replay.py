@@ -8,7 +8,6 @@ from `fused_token_logprobs`, so no [tokens × vocab] tensor exists in replay.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -102,24 +101,6 @@ def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
             batches.append(current)
             current = []
         current.append(s)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def prefix_batches(prefixes: list[int], suffixes: list[int], token_budget: int) -> list[list[int]]:
-    """Indices grouped for shared-prefix forwards, where a batch costs count × (longest prefix +
-    longest suffix) padded tokens: sorted by prefix length (records of the same turn have similar
-    prefixes and observations), a batch closes when the next index would pass `token_budget`."""
-    order = sorted(range(len(prefixes)), key=lambda i: (prefixes[i], suffixes[i]))
-    batches, current, widest, longest = [], [], 0, 0
-    for i in order:
-        wider, longer = max(widest, prefixes[i]), max(longest, suffixes[i])
-        if current and (len(current) + 1) * (wider + longer) > token_budget:
-            batches.append(current)
-            current, wider, longer = [], prefixes[i], suffixes[i]
-        current.append(i)
-        widest, longest = wider, longer
     if current:
         batches.append(current)
     return batches
@@ -243,100 +224,6 @@ def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperatur
     return lp.float().cpu()
 
 
-@torch.no_grad()
-def shared_prefix_logprobs(model, packed: Packed, records: list[TurnRecord], spliced: Spliced,
-                           privileged: list[list[int] | None], temperature: float, token_budget: int,
-                           fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """What replay_logprobs gives on `packed` and on `spliced` ([L] and [len(spliced.ids)]), with the
-    context before each record's slot forwarded once: its keys and values serve both continuations,
-    `context[slot:] + response` and `privileged + context[slot:] + response`. The two packings agree
-    up to the slot, so the plain pass's prefix was computed twice before (on the default shape ~60%
-    of a rubric pass's tokens). Records without privileged ids get the plain continuation only."""
-    from transformers.cache_utils import DynamicCache
-
-    plain, with_ids = torch.zeros(len(packed.ids)), torch.zeros(len(spliced.ids))
-    cu = packed.cu_seqlens.tolist()
-    jobs = []  # (record, split, record-local response positions that something predicts)
-    for s in range(packed.num_sequences):
-        local = packed.response_mask[cu[s]:cu[s + 1]].nonzero().squeeze(-1)
-        local = local[local > 0]
-        if len(local):  # the split never passes the slot, nor the first predicting position
-            jobs.append((s, min(max(records[s].rubric_slot, 0), int(local[0]) - 1), local))
-    # batched by the plain packing alone, so a record's plain log-probs do not depend on which
-    # records have privileged ids (ORSD at α = 0 gives GRPO's numbers bit for bit)
-    batches = prefix_batches([split for _, split, _ in jobs], [cu[s + 1] - cu[s] - split for s, split, _ in jobs],
-                             token_budget)
-    decoder, device = model.get_decoder(), next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        for sub in batches:
-            cache = branched = hidden = None
-            trim_heap()  # the last batch's keys/values are gone: their pages go back (see trim_heap)
-            batch = [jobs[i] for i in sub]
-            width = max(split for _, split, _ in batch)
-            prefix = torch.zeros((len(batch), width), dtype=torch.long)
-            prefix_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, (s, split, _) in enumerate(batch):  # left-padded: every prefix ends at `width`
-                prefix[row, width - split:] = packed.ids[cu[s]:cu[s] + split]
-                prefix_mask[row, width - split:] = 1
-            cache = None
-            if width:
-                cache = DynamicCache(config=model.config)
-                decoder(input_ids=prefix.to(device), attention_mask=prefix_mask.to(device),
-                        position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0).to(device), past_key_values=cache,
-                        use_cache=True)
-            rows = [row for row, (s, _, _) in enumerate(batch) if spliced.eligible[s]]
-            branched = None
-            if rows:
-                branched = copy.deepcopy(cache) if cache is not None else None
-                if branched is not None and len(rows) < len(batch):
-                    branched.batch_select_indices(torch.tensor(rows, device=device))
-            suffixes = [packed.ids[cu[s] + split:cu[s + 1]] for s, split, _ in batch]
-            hidden = _continue(decoder, cache, prefix_mask, suffixes, [split for _, split, _ in batch], device)
-            # response token p of a record is predicted from p - 1, which sits at p - 1 - split of its row
-            targets = torch.cat([cu[s] + local for s, _, local in batch])
-            at = [local - 1 - split for _, split, local in batch]
-            plain[targets] = _scored(model, hidden, at, packed.ids[targets], temperature, fused)
-            if not rows:
-                continue
-            suffixes = []
-            for row in rows:
-                s, split, _ = batch[row]
-                slot = max(records[s].rubric_slot, 0)
-                ids = packed.ids[cu[s]:cu[s + 1]]
-                suffixes.append(torch.cat([ids[split:slot], torch.tensor(privileged[s], dtype=torch.long), ids[slot:]]))
-            hidden = _continue(decoder, branched, prefix_mask[rows], suffixes, [batch[row][1] for row in rows], device)
-            spliced_at = [spliced.pos_map[cu[s] + local] for s, _, local in (batch[row] for row in rows)]
-            at = [p - int(spliced.cu_seqlens[batch[row][0]]) - 1 - batch[row][1] for p, row in zip(spliced_at, rows)]
-            targets = torch.cat(spliced_at)
-            with_ids[targets] = _scored(model, hidden, at, spliced.ids[targets], temperature, fused)
-    finally:
-        model.train(was_training)
-    return plain, with_ids
-
-
-def _scored(model, hidden: torch.Tensor, at: list[torch.Tensor], targets: torch.Tensor, temperature: float,
-            fused: bool) -> torch.Tensor:
-    """Log-probs of `targets` from the hidden states at columns `at[row]` of each row (one head call)."""
-    return head_logprobs(model, picked(hidden, at), targets, temperature, fused)
-
-
-def _continue(decoder, cache, prefix_mask: torch.Tensor, suffixes: list[torch.Tensor], starts: list[int], device):
-    """Final hidden states [B, S, H] of right-padded `suffixes` after the cached left-padded prefixes
-    (positions continue at each row's prefix length)."""
-    width = max(len(x) for x in suffixes)
-    ids = torch.zeros((len(suffixes), width), dtype=torch.long)
-    mask = torch.zeros((len(suffixes), width), dtype=torch.long)
-    for row, x in enumerate(suffixes):
-        ids[row, :len(x)] = x
-        mask[row, :len(x)] = 1
-    positions = torch.tensor(starts, dtype=torch.long).unsqueeze(1) + torch.arange(width)
-    attention = torch.cat([prefix_mask, mask], dim=1) if cache is not None else mask
-    return decoder(input_ids=ids.to(device), attention_mask=attention.to(device), position_ids=positions.to(device),
-                   past_key_values=cache, use_cache=cache is not None).last_hidden_state
-
-
 def dummy_forward(model):
     """A one-token forward whose output is used only to keep ranks in lockstep (see distributed)."""
     device = next(model.parameters()).device
@@ -437,24 +324,23 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     `record_rubrics[s]` is the rubric message's token ids for record s, or None when its group has
     no selected bundle (or splicing is impossible for it); such records keep A_GRPO (e = 0).
     The plain pass runs with the weights that produced the rollout, so it doubles as π_old.
-    `share_prefix`: both passes from one forward of each context up to its slot
-    (shared_prefix_logprobs; GRPO's plain pass too, so that ORSD at α = 0 equals GRPO); not under
+    `share_prefix`: each pass along its own prefix tree (engines/prefill.py), so what records share
+    (the system prompt, a group's task and first observation, the context up to each turn's slot)
+    is forwarded once: on the default shape 9,817 → 3,732 tokens for the plain pass. The rubric
+    pass is a separate tree, so the plain log-probs never depend on which records have a rubric
+    (GRPO's replay is the same plain pass; ORSD at α = 0 gives its numbers bit for bit). Not under
     ZeRO-3 (`lockstep`), whose ranks must run equal forwards.
     """
     packed = pack(records)
     spliced = splice_privileged(packed, records, record_rubrics)
     eligible, pos_map = spliced.eligible, spliced.pos_map
-    if share_prefix and lockstep is None:
-        old, with_rubric = shared_prefix_logprobs(model, packed, records, spliced, record_rubrics, temperature,
-                                                  token_budget, fused)
+    old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
+                          token_budget, fused, lockstep, share_prefix)
+    if eligible.any() or lockstep:
+        with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
+                                      temperature, token_budget, fused, lockstep, share_prefix)
     else:
-        old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
-                              token_budget, fused, lockstep)
-        if eligible.any() or lockstep:
-            with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
-                                          temperature, token_budget, fused, lockstep)
-        else:
-            pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
+        pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
     advantages, delta, valid = ops.shape_advantages(
         old, with_rubric, pos_map, packed.response_mask, packed.seq_ids,
         torch.tensor(record_advantages, dtype=torch.float32), float(alpha), eligible)

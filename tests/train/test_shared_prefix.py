@@ -1,5 +1,6 @@
-"""Paired replay with the context before each record's slot forwarded once (replay.share_prefix)
-against the two whole forwards it replaces: the same log-probs, Δ and advantages, fewer tokens."""
+"""Forwards along the records' prefix tree (replay.share_prefix, optim.share_prefix) against the
+whole padded forwards they replace: paired replay's log-probs, Δ and advantages, the reference
+pass, the update's log-probs and gradients; fewer tokens forwarded."""
 
 import random
 
@@ -32,6 +33,11 @@ def records_and_rubrics(seed=0, count=9):
     return records, privileged
 
 
+def trie_size(sequences):
+    """Tokens a forward along the sequences' prefix tree needs at least: their distinct prefixes."""
+    return len({tuple(s[:end]) for s in sequences for end in range(1, len(s) + 1)})
+
+
 def tokens_forwarded(model, fn):
     """Call fn() and count the tokens the decoder was given, padding (id 0, never a record's id here) aside."""
     count = [0]
@@ -62,10 +68,33 @@ def test_shared_prefix_equals_two_whole_passes(tiny_model, token_budget, fused):
     assert shared.delta.double().numpy() == pytest.approx(whole.delta.double().numpy(), abs=4e-5)
     assert shared.advantages.double().numpy() == pytest.approx(whole.advantages.double().numpy(), abs=2e-5)
     assert (shared.old_logprobs[shared.packed.response_mask] != 0).any()
-    # the context up to the slot (at most up to the token before the response, whose hidden state
-    # predicts its first token) of every eligible record is forwarded once instead of twice
-    saved = sum(min(r.rubric_slot, len(r.context_ids) - 1) for r, p in zip(records, privileged) if p is not None)
-    assert whole_tokens - shared_tokens == saved
+    # each pass along its own prefix tree: what the plain sequences share is forwarded once, and
+    # what the spliced ones share (their context up to the slot, then a rubric) once; a leaf may
+    # repeat at most its scored positions (from the last context token on)
+    plain = [r.context_ids + r.response_ids for r in records]
+    spliced = [r.context_ids[:r.rubric_slot] + p + r.context_ids[r.rubric_slot:] + r.response_ids
+               for r, p in zip(records, privileged) if p is not None]
+    scored = sum(len(r.response_ids) + 1 for r in records)
+    assert shared_tokens <= trie_size(plain) + trie_size(spliced) + 2 * scored
+    assert shared_tokens <= whole_tokens
+
+
+def test_paired_replay_forwards_what_a_step_shares_once(tiny_model):
+    """On records shaped like a step's (one system prompt, tasks with several episodes, a full
+    history; a rubric per task at the slot after the task), both passes forward far fewer tokens."""
+    records = group_records(seed=5)
+    rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
+    advantages = [1.0] * len(records)
+    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3, 1.0, 4096,  # noqa: E731
+                                      share_prefix=share)
+    shared, shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
+    whole, whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
+    assert whole_tokens == sum(r.num_tokens for r in records) + sum(r.num_tokens + len(p) for r, p in
+                                                                    zip(records, privileged) if p is not None)
+    assert shared_tokens < 0.5 * whole_tokens
+    assert shared.valid.sum() > 0 and torch.equal(shared.valid, whole.valid)
+    torch.testing.assert_close(shared.delta, whole.delta, rtol=0, atol=4e-5)
 
 
 def test_shared_prefix_under_bf16_autocast(tiny_model):
@@ -90,19 +119,6 @@ def test_no_rubric_anywhere_gives_the_plain_pass(tiny_model):
     assert not shared.valid.any() and (shared.delta == 0).all()
     assert shared.old_logprobs.numpy() == pytest.approx(whole.old_logprobs.numpy(), abs=2e-5)
     assert torch.equal(shared.advantages, whole.advantages)
-
-
-def test_prefix_batches_bound_the_padded_cost_and_keep_every_index():
-    from orsd.train.replay import prefix_batches
-
-    prefixes = [100, 400, 110, 390, 2000, 105]
-    suffixes = [300, 50, 290, 60, 5, 310]
-    batches = prefix_batches(prefixes, suffixes, token_budget=1300)
-    for batch in batches:  # within budget, or a single record that alone exceeds it
-        cost = len(batch) * (max(prefixes[i] for i in batch) + max(suffixes[i] for i in batch))
-        assert cost <= 1300 or len(batch) == 1
-    # similar prefixes share a batch (their suffixes are alike too); the long one is alone
-    assert sorted(map(sorted, batches)) == [[0, 2, 5], [1, 3], [4]]
 
 
 def group_records(seed=1):
