@@ -88,6 +88,33 @@ def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
     return first, inverse
 
 
+def shared_batches(sequences: list[list[int]], token_budget: int) -> list[list[int]]:
+    """Sequence indices in batches whose forward along their prefix tree takes about `token_budget`
+    tokens or fewer: sorted by their tokens, so that sequences sharing a prefix are neighbours, a
+    batch closes when the next sequence's tokens beyond what it shares with the one before would
+    pass the budget (a single sequence over the budget is a batch alone)."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
+    batches: list[list[int]] = []
+    cost = 0
+    for i in order:
+        shared = _common_length(sequences[batches[-1][-1]], sequences[i]) if batches else 0
+        if not batches or cost + len(sequences[i]) - shared > token_budget:
+            batches.append([])
+            cost, shared = 0, 0
+        batches[-1].append(i)
+        cost += len(sequences[i]) - shared
+    return batches
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def supports_tree_prefill(cache) -> bool:
     """Every cache layer a plain full-attention layer (no sliding window, no recurrent state), whose
     keys/values can be cut per row and laid side by side."""

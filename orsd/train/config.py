@@ -301,6 +301,12 @@ class OptimConfig:
                                   ge=1)
     micro_batch_size: int = doc(0, "turn records per micro-batch per rank, the paper's unit (Table 4: WebShop 1, "
                                 "ALFWorld 2); 0 = pack records up to micro_batch_tokens instead", ge=0)
+    micro_batch_packing: str = doc("prefix", "with micro_batch_size 0: prefix (records that share a prefix in one "
+                                   "micro-batch, up to micro_batch_tokens tokens forwarded along their prefix "
+                                   "tree; where share_prefix is off or cannot serve, as length) | length "
+                                   "(sorted by length, up to micro_batch_tokens padded tokens). Eq. 14's token "
+                                   "mean is per micro-batch, so the packing sets its weights",
+                                   choices=("prefix", "length"))
     lm_head: str = doc("fused", "the update's LM head + log-softmax: fused (ops.lm_head_logprobs, forward and backward "
                        "without a tokens x vocab tensor) | chunked (torch in checkpointed 1,024-token chunks, the "
                        "reference); the warm start uses the same", choices=("fused", "chunked"))

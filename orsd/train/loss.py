@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from orsd import ops
+from orsd.engines import prefill
 
 from .metrics import tagged
 from .model import trim_heap
@@ -46,12 +47,19 @@ def per_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logpr
     return LossTerms(pg + kl_coef * kl, pg, kl, clipped, ratio)
 
 
-def microbatches(packed: Packed, micro_batch_tokens: int, micro_batch_size: int = 0) -> list[list[int]]:
+def microbatches(packed: Packed, micro_batch_tokens: int, micro_batch_size: int = 0,
+                 by_prefix: bool = False) -> list[list[int]]:
     """Record indices per micro-batch: `micro_batch_size` records in order (the paper's unit, Table 4),
-    or, when it is 0, records sorted by length and packed up to `micro_batch_tokens` padded tokens."""
+    or, when it is 0, packed up to `micro_batch_tokens`: with `by_prefix` (the update forwards
+    along the prefix tree) records that share a prefix together, counting the tokens forwarded (a
+    shared prefix once); otherwise sorted by length, counting padded tokens."""
     if micro_batch_size:
         count = packed.num_sequences
         return [list(range(start, min(start + micro_batch_size, count))) for start in range(0, count, micro_batch_size)]
+    if by_prefix:
+        cu = packed.cu_seqlens.tolist()
+        return prefill.shared_batches([packed.ids[cu[s]:cu[s + 1]].tolist() for s in range(packed.num_sequences)],
+                                      micro_batch_tokens)
     return budget_batches(packed.lengths, micro_batch_tokens)
 
 
@@ -60,7 +68,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
            clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
            lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None,
-           lm_head: str = "fused", share_prefix: bool = False) -> dict:
+           lm_head: str = "fused", share_prefix: bool = False, packing: str = "length") -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -70,9 +78,15 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
     this is the accumulation boundary) and optimizer.step(). `distill` (orsd.train.distill.DistillTerm)
     makes f_p = pg_coef·pg_p + η·k3_p + w_p·ℓ_p, ℓ computed in the same micro-batches and chunks.
-    `share_prefix`: see train_logprobs (the micro-batches, and so Eq. 14's token means, are the same).
+    `share_prefix`: see train_logprobs. `packing="prefix"` (optim.micro_batch_packing), where the
+    prefix is shared: micro-batches of records that share prefixes, budgeted by the tokens
+    forwarded (see microbatches); Eq. 14's token mean is per micro-batch, so the packing sets its
+    weights. "length": sorted by length, budgeted by padded tokens (the same with sharing on or off).
     """
-    batches = microbatches(packed, micro_batch_tokens, micro_batch_size)
+    if packing not in ("prefix", "length"):
+        raise ValueError(f"packing: {packing!r}; expected 'prefix' or 'length'")
+    by_prefix = packing == "prefix" and share_prefix and prefill.serves(model)
+    batches = microbatches(packed, micro_batch_tokens, micro_batch_size, by_prefix)
     num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
     mb_of_seq = torch.empty(packed.num_sequences, dtype=torch.long)
     for m, batch in enumerate(batches):

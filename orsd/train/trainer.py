@@ -260,7 +260,8 @@ class Trainer:
                          lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
                          scheduler=None if self.ds_engine is not None else self.scheduler,
                          precision=self.config.model.autocast, distill=distill, lm_head=o.lm_head,
-                         share_prefix=o.share_prefix and self.replay_lockstep is None)  # ZeRO-3: equal forwards
+                         share_prefix=o.share_prefix and self.replay_lockstep is None,  # ZeRO-3: equal forwards
+                         packing=o.micro_batch_packing)
         release_memory()  # the micro-batches' activations are freed: their pages go back before the next rollout
         return metrics
 

@@ -81,7 +81,10 @@ def test_eq8_9_delta_and_shaped_advantage(tiny_model, temperature):
         cursor += len(plain)
 
 
-def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model):
+# lengths 6, 4, 7. length packing, 12 padded tokens: {rec1, rec0} (2 × 6) and {rec2}. prefix packing
+# (sorted by tokens, 10 tokens forwarded): rec0's 6, rec1's 3 beyond the token it shares, then rec2
+@pytest.mark.parametrize("packing, budget, grouping", [("length", 12, [[1, 0], [2]]), ("prefix", 10, [[0, 1], [2]])])
+def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model, packing, budget, grouping):
     """Σ w·f over micro-batches equals Eq. 14: (1/G) Σ_mb (1/|mb tokens|) Σ_{t∈mb} f_t."""
     records = [record([1, 2, 3], [4, 5, 6]), record([1, 7], [8, 9]), record([2, 3, 4, 5, 6, 7], [10])]
     packed = pack(records)
@@ -92,17 +95,18 @@ def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model):
     kw = dict(clip_eps=0.2, dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.1)
 
     model_a, model_b = tiny_model, copy.deepcopy(tiny_model)
-    # lengths 6, 4, 7 and 12 padded tokens per micro-batch: {rec1, rec0} (2 × 6) and {rec2}
     metrics = update(model_a, torch.optim.SGD(model_a.parameters(), lr=0.0), packed, old, ref, adv,
-                     temperature=1.0, micro_batch_tokens=12, grad_clip=0.0, **kw)
-    assert metrics["micro_batches"] == 2
-
-    # the hand computation, with the same grouping the code reports
+                     temperature=1.0, micro_batch_tokens=budget, grad_clip=0.0, share_prefix=True, packing=packing,
+                     **kw)
     from orsd.train.loss import microbatches
 
+    assert microbatches(packed, budget, by_prefix=packing == "prefix") == grouping
+    assert metrics["micro_batches"] == 2
+
+    # the hand computation, with that grouping
     total = 0.0
     model_b.train()
-    for batch in microbatches(packed, 12):
+    for batch in grouping:
         per_mb = []
         for s in batch:
             rec = records[s]
@@ -115,7 +119,7 @@ def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model):
             per_mb.append(per_token_loss(lp, old[span], ref[span], adv[span], **kw).loss)
         tokens = torch.cat(per_mb)
         total = total + tokens.sum() / len(tokens)
-    total = total / len(microbatches(packed, 12))
+    total = total / len(grouping)
     total.backward()
     assert metrics["loss"] == pytest.approx(float(total.detach()), abs=1e-5)
     for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):

@@ -231,3 +231,6 @@ def test_update_with_shared_prefixes_takes_the_same_step(tiny_model):
     assert shared_metrics["clip_fraction"] > 0
     for a, b in zip(shared_weights, whole_weights):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="packing: 'tree'; expected 'prefix' or 'length'"):
+        update(model, optimizer, packed, old, ref, advantages, temperature=1.0, micro_batch_tokens=96, clip_eps=0.2,
+               dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0, packing="tree")
