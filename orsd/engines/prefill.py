@@ -20,6 +20,7 @@ steps are unchanged. The logits differ from the batched prefill's only by floati
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -97,22 +98,13 @@ def shared_batches(sequences: list[list[int]], token_budget: int) -> list[list[i
     batches: list[list[int]] = []
     cost = 0
     for i in order:
-        shared = _common_length(sequences[batches[-1][-1]], sequences[i]) if batches else 0
+        shared = len(os.path.commonprefix([sequences[batches[-1][-1]], sequences[i]])) if batches else 0
         if not batches or cost + len(sequences[i]) - shared > token_budget:
             batches.append([])
             cost, shared = 0, 0
         batches[-1].append(i)
         cost += len(sequences[i]) - shared
     return batches
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def supports_tree_prefill(cache) -> bool:
