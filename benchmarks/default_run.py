@@ -5,8 +5,10 @@ and peak RSS of the process, the load on the machine, stage seconds and the lear
     writes benchmarks/results/default_run_cpu.json (and prints it)
 
 The run goes to a scratch directory (a new one under /tmp unless --run-dir is given). Peak RSS is
-the child's ru_maxrss; the load average is read before and after, since on a shared machine the
-wall time says little without it.
+the largest of the run's processes (ru_maxrss) and, since the warm start runs in a child process
+of its own (warm_start.process), also the sum over the run's process tree sampled every 0.2 s; the
+load average is read before and after, since on a shared machine the wall time says little
+without it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,12 +44,58 @@ def cpu_description() -> dict:
     return {"cpu": name, "isa": isa, "cores": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg())}
 
 
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests (/proc/stat's steal column, all CPUs): a virtual
+    machine's cores can be slower than idle for reasons no load average shows."""
+    try:
+        with open("/proc/stat") as stat:
+            return int(stat.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident MiB of `pid` and all its descendants (0 for those gone meanwhile)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return total / 1024
+
+
+class TreeSampler(threading.Thread):
+    """The peak of `tree_rss_mib(pid)` and when it happened, sampled until `stop` is set."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.stop = pid, every, threading.Event()
+        self.peak, self.peak_at, self.start_time = 0.0, 0.0, time.perf_counter()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            rss = tree_rss_mib(self.pid)
+            if rss > self.peak:
+                self.peak, self.peak_at = rss, time.perf_counter() - self.start_time
+
+
 def run(run_dir: Path, overrides: list[str]) -> dict:
     host = cpu_description()
+    steal = steal_seconds()
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "orsd.train.cli", "--run-dir", str(run_dir),
                               "train.report=false", *overrides])
+    sampler = TreeSampler(child.pid)
+    sampler.start()
     _, status, usage = os.wait4(child.pid, 0)
+    sampler.stop.set()
+    sampler.join()
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"orsd-train failed with status {os.waitstatus_to_exitcode(status)}")
@@ -55,12 +104,15 @@ def run(run_dir: Path, overrides: list[str]) -> dict:
     environment = json.loads((run_dir / "environment.json").read_text())
     return {
         "command": "orsd-train " + " ".join(overrides),
-        "machine": {**host, "load_average_after": list(os.getloadavg())},
+        "machine": {**host, "load_average_after": list(os.getloadavg()),
+                    "steal_seconds_during_run": steal_seconds() - steal},
         "precision": environment.get("precision"),
         "openmp": environment.get("openmp"),
         "wall_seconds": wall,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
-        "peak_rss_mib": usage.ru_maxrss / 1024,
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # the largest single process of the tree
+        "peak_tree_rss_mib": sampler.peak,
+        "peak_tree_rss_at_seconds": sampler.peak_at,
         "setup_seconds": summary["setup_seconds"],
         "stage_seconds_per_step": summary["stage_seconds_per_step"],
         "learning_signal": {

@@ -19,7 +19,15 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "alfworld": ("train", "valid_seen", "valid_unseen"),
 }
 
-__all__ = ["INFO_KEYS", "SPLITS", "Env", "Task", "make", "parse_action"]
+__all__ = ["INFO_KEYS", "SPLITS", "Env", "Task", "from_config", "make", "parse_action"]
+
+
+def from_config(env) -> Env:
+    """`make` from a run config's `env` section (name, split, seed, options, max_actions)."""
+    options = dict(env.options)
+    if env.max_actions:
+        options.setdefault("max_actions", env.max_actions)
+    return make(env.name, split=env.split, seed=env.seed, **options)
 
 
 def make(name: str, split: str = "train", seed: int = 0, **options: Any) -> Env:

@@ -3,7 +3,9 @@ and verifier (`build`), and each of those on its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from orsd import envs, rubric
@@ -30,10 +32,7 @@ def build_verifier(config, frozen_model, tokenizer):
 
 
 def make_env(config):
-    options = dict(config.env.options)
-    if config.env.max_actions:
-        options.setdefault("max_actions", config.env.max_actions)
-    return envs.make(config.env.name, split=config.env.split, seed=config.env.seed, **options)
+    return envs.from_config(config.env)
 
 
 def build(config, run_dir=None, resume_from=None, log=print):
@@ -46,24 +45,32 @@ def build(config, run_dir=None, resume_from=None, log=print):
 
     from orsd.train import distributed
     from orsd.train.model import (configure_threads, frozen_copy, load_policy, load_tokenizer, release_memory,
-                                  resolve_autocast)
+                                  resolve_autocast, resolve_device)
     from orsd.train.trainer import Trainer
-    from orsd.train.warmstart import run_warm_start
+    from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child
 
     torch.manual_seed(config.train.seed)
     dist = distributed.setup(config)
     m = config.model
     threads = configure_threads(m.threads)
     device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
+    ops_check = check_ops(resolve_device(device), m.ops_self_check, log)
+    reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
+    warm_losses, decided = [], None
+    in_child = (resume_from is None and config.warm_start.enabled
+                and runs_in_child(config, resolve_device(device), dist is not None))
+    if in_child:  # before this process loads anything: the child's peak and ours are resident together
+        with contextlib.nullcontext(reference_dir) if reference_dir else tempfile.TemporaryDirectory() as out:
+            warm_losses, decided = run_warm_start_in_child(config, out, log)
+            policy = load_policy(str(out), m.dtype, device, m.attn_implementation, config.train.seed)
+    else:
+        policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
     tokenizer = load_tokenizer(m.path)
-    policy = load_policy(str(resume_from or m.path), m.dtype, device, m.attn_implementation, config.train.seed)
-    ops_check = check_ops(next(policy.parameters()).device, m.ops_self_check, log)
-    precision = resolve_autocast(policy, m.autocast)  # every autocast(policy, m.autocast) uses this choice
+    # every autocast(policy, m.autocast) uses this choice (the child's, when it fitted the policy)
+    precision = resolve_autocast(policy, m.autocast, decided)
     log(f"precision: model.autocast={m.autocast or 'off'} -> {precision.autocast or 'fp32'} ({precision.reason}); "
         f"{threads} CPU threads")
     env = make_env(config)
-    warm_losses = []
-    reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
     if m.gradient_checkpointing:  # before the warm start, whose micro-batches it shrinks as the update's
         policy.gradient_checkpointing_enable()
     if resume_from is not None:
@@ -71,7 +78,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
         reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed),
                                 precision.autocast)
     else:
-        if config.warm_start.enabled:
+        if config.warm_start.enabled and not in_child:
             warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
             if reference_dir is not None and (dist is None or dist.is_main):
                 policy.save_pretrained(reference_dir)

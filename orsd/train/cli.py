@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--dry-run", action="store_true", help="print the resolved, validated config and exit")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its default")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before, between and after the options
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -337,6 +337,12 @@ class WarmStartConfig:
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)", ge=0, le=1)
     bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
                             "mixed in, so a small policy keeps writing numbered bundles", ge=0)
+    process: str = doc("auto", "where the fit runs: child (a new Python process fits and saves the policy, which "
+                       "this one then loads, so RL starts in a process that never ran the fit; on the 2-core "
+                       "CPU every stage of the default run's steps ran 1.5-2x slower after an in-process "
+                       "fit, docs/training.md) | "
+                       "inline | auto (child on a single-process CPU run, else inline)",
+                       choices=("auto", "child", "inline"))
 
 
 @dataclass

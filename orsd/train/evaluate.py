@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=-1, help="step number recorded with the result")
     parser.add_argument("--run-dir", help="append the result to RUN_DIR/eval.jsonl")
     parser.add_argument("overrides", nargs="*", help="section.key=value config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before, between and after the options
     try:
         config = load_config(args.config, [*args.overrides, f"model.path={args.checkpoint}"])
     except ConfigError as error:

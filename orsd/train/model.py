@@ -328,14 +328,18 @@ def choose_autocast(requested: str, device: torch.device | str, weights_dtype: t
 _RESOLVED: dict[tuple, Precision] = {}
 
 
-def resolve_autocast(model, requested: str) -> Precision:
+def resolve_autocast(model, requested: str, decided: Precision | None = None) -> Precision:
     """`choose_autocast` for this model (its device, weights dtype and shape), decided once per
-    process and shape: the probe is a measurement, and a run must not change its mind mid-way."""
+    process and shape: the probe is a measurement, and a run must not change its mind mid-way.
+    `decided`: the choice another process of the run made for this model (the warm start's child),
+    kept as this process's."""
     parameter = next(model.parameters())
     config = getattr(model, "config", None)
     hidden = getattr(config, "hidden_size", None) or 1024
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     key = (requested, str(parameter.device), parameter.dtype, hidden, intermediate)
-    if key not in _RESOLVED:
+    if decided is not None:
+        _RESOLVED[key] = decided
+    elif key not in _RESOLVED:
         _RESOLVED[key] = choose_autocast(requested, parameter.device, parameter.dtype, hidden, intermediate)
     return _RESOLVED[key]

@@ -41,3 +41,18 @@ def test_summarize_empty_split_is_an_error():
     with pytest.raises(ValueError, match="no tasks"):
         eval_tasks(Empty(), "test", 3)
     assert summarize([], "webshop", "test", 0)["num_episodes"] == 0
+
+
+def test_orsd_eval_takes_overrides_between_and_after_its_options(capsys):
+    """`orsd-eval CKPT --tasks 8 train.seed=3` was refused by argparse ("unrecognized arguments")."""
+    from orsd.train.evaluate import main
+
+    assert main(["some/checkpoint", "train.seed=3", "--tasks", "-1", "train.eval_samples=2"]) == 2
+    assert "--tasks=-1 must be >= 0" in capsys.readouterr().err
+
+
+def test_orsd_train_takes_overrides_between_and_after_its_options():
+    from orsd.train.cli import parse_args
+
+    args = parse_args(["rubric.num_bundles=2", "--run-dir", "runs/x", "method.name=grpo", "--dry-run"])
+    assert args.overrides == ["rubric.num_bundles=2", "method.name=grpo"] and args.run_dir == "runs/x"

@@ -1,0 +1,69 @@
+"""warm_start.process: the fit in a spawned child process gives the RL phase the same policy as the
+fit in place, and `auto` picks the child only where it pays (one process, on a CPU)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from orsd.train.build import build
+from orsd.train.config import load_config
+from orsd.train.warmstart import runs_in_child
+
+
+def config_for(model_dir, process):
+    return load_config(None, [f"model.path={model_dir}", "method.name=grpo", "model.autocast=",
+                              "warm_start.enabled=true", "warm_start.episodes=2", "warm_start.epochs=2",
+                              "warm_start.batch_size=4", "warm_start.bundle_demos=0", f"warm_start.process={process}",
+                              "optim.train_layers=1", "train.progress=false"])
+
+
+def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir):
+    """Same demonstrations, seed and threads: the same losses and bit-identical weights, loaded from
+    the child's save (a temporary dir when there is no run dir); its summary line reaches our log."""
+    lines = []
+    child, child_losses = build(config_for(tiny_smol_dir, "child"), log=lines.append)
+    inline, inline_losses = build(config_for(tiny_smol_dir, "inline"), log=lambda *_: None)
+    assert len(child_losses) >= 2 and child_losses == inline_losses
+    assert child_losses[0] != child_losses[1]  # the fit moved the weights between its steps
+    [summary] = [line for line in lines if line.startswith("warm start:")]
+    assert f"{len(child_losses)} steps" in summary
+    for module in ("policy", "reference"):
+        ours, theirs = getattr(child, module).state_dict(), getattr(inline, module).state_dict()
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            assert ours[name].dtype == theirs[name].dtype, name
+            assert torch.equal(ours[name], theirs[name]), name
+    initial = build(load_config(None, [f"model.path={tiny_smol_dir}", "method.name=grpo", "model.autocast=",
+                                       "train.progress=false"]), log=lambda *_: None)[0].policy.state_dict()
+    assert not all(torch.equal(initial[n], t) for n, t in child.policy.state_dict().items())
+
+
+def test_auto_isolates_a_single_process_cpu_run_only():
+    config = SimpleNamespace(warm_start=SimpleNamespace(process="auto"))
+    assert runs_in_child(config, torch.device("cpu"), distributed=False)
+    assert not runs_in_child(config, torch.device("cuda", 0), distributed=False)
+    assert not runs_in_child(config, torch.device("cpu"), distributed=True)
+    config.warm_start.process = "inline"
+    assert not runs_in_child(config, torch.device("cpu"), distributed=False)
+    config.warm_start.process = "child"
+    assert runs_in_child(config, torch.device("cuda", 0), distributed=False)
+    with pytest.raises(ValueError, match=r"warm_start.process=child: not supported on a distributed run"):
+        runs_in_child(config, torch.device("cpu"), distributed=True)
+
+
+def test_an_unknown_process_is_refused():
+    from orsd.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"warm_start.process.*'thread'"):
+        load_config(None, ["warm_start.process=thread"])
+
+
+def test_a_child_that_fails_is_reported_with_its_exit_status(tmp_path):
+    """The training process loads nothing before the child: a bad model.path fails there, and the
+    error says so (the child's own traceback is on stderr above it)."""
+    config = load_config(None, [f"model.path={tmp_path / 'missing'}", "warm_start.enabled=true",
+                                "warm_start.process=child", "train.progress=false"])
+    with pytest.raises(RuntimeError, match=r"warm start's child process failed with exit status 1 \(its traceback "
+                                           r"is above\); warm_start.process=inline"):
+        build(config, log=lambda *_: None)
