@@ -339,8 +339,8 @@ class WarmStartConfig:
                             "mixed in, so a small policy keeps writing numbered bundles", ge=0)
     process: str = doc("auto", "where the fit runs: child (a new Python process fits and saves the policy, which "
                        "this one then loads, so RL starts in a process that never ran the fit; on the 2-core "
-                       "CPU every stage of the default run's steps ran 1.5-2x slower after an in-process "
-                       "fit, docs/training.md) | "
+                       "CPU the default run's steps took 20-57% longer after an in-process fit, "
+                       "docs/training.md) | "
                        "inline | auto (child on a single-process CPU run, else inline)",
                        choices=("auto", "child", "inline"))
 
