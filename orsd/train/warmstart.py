@@ -188,7 +188,7 @@ def run_warm_start_in_child(config, out_dir, log=print):
     fit against 5.4-6.2 s in a process that had only loaded the same fitted weights (4x the minor
     page faults, yet mostly user time; a bf16 matmul alone was barely slower). Whatever state the
     fit leaves in the allocator, a process that ends takes it along. Any ops this process's
-    self-check set aside are set aside in the child too."""
+    self-check set aside are set aside in the child too, and it runs on as many threads."""
     import pickle
     import subprocess
     import sys
@@ -202,7 +202,9 @@ def run_warm_start_in_child(config, out_dir, log=print):
     # caller's __main__ again: a user script without a __name__ guard would then build twice)
     with tempfile.TemporaryDirectory(prefix="orsd-warm-start-") as scratch:
         job, result = Path(scratch) / "job.pkl", Path(scratch) / "result.pkl"
-        job.write_bytes(pickle.dumps((config, str(out_dir), dict(_backend._distrusted))))
+        # this process's thread count (model.threads, or whatever the caller set): f32 GEMMs round
+        # differently on 1 and 2 threads (docs/ops.md), and the fit must be the one done in place
+        job.write_bytes(pickle.dumps((config, str(out_dir), dict(_backend._distrusted), torch.get_num_threads())))
         paths = [str(Path(orsd.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         code = subprocess.run([sys.executable, "-m", "orsd.train.warmstart", str(job), str(result)], env=env).returncode
@@ -217,7 +219,7 @@ def run_warm_start_in_child(config, out_dir, log=print):
     return losses, precision
 
 
-def _fit_in_child(config, out_dir: str, distrusted: dict):
+def _fit_in_child(config, out_dir: str, distrusted: dict, threads: int):
     from orsd import envs
     from orsd.ops import _backend
 
@@ -226,7 +228,7 @@ def _fit_in_child(config, out_dir: str, distrusted: dict):
     for kind, reason in distrusted.items():
         _backend.distrust(kind, reason)
     m = config.model
-    configure_threads(m.threads)
+    configure_threads(threads)
     torch.manual_seed(config.train.seed)
     policy = load_policy(m.path, m.dtype, m.device, m.attn_implementation, config.train.seed)
     tokenizer = load_tokenizer(m.path)

@@ -18,13 +18,26 @@ def config_for(model_dir, process):
                               "optim.train_layers=1", "train.progress=false"])
 
 
-def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir):
-    """Same demonstrations, seed and threads: the same losses and bit-identical weights, loaded from
-    the child's save (a temporary dir when there is no run dir); its summary line reaches our log."""
+@pytest.fixture
+def one_thread():
+    """Not torch's default here (2 cores): the child must fit on this process's thread count."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir, one_thread):
+    """Same demonstrations, seed and threads: the same losses and weights, loaded from the child's
+    save (a temporary dir when there is no run dir); its summary line reaches our log. Equal to f32
+    rounding, not bitwise: in CI's full test run (2026-12-01, Intel Xeon) the sixth loss differed in
+    its 7th digit (10.728445 vs 10.728448), alone it matched bitwise; MKL's f32 GEMM is not
+    bitwise-stable across calling contexts (docs/ops.md). A fit that went wrong differs far more:
+    the fitted weights are checked against the initial ones below."""
     lines = []
     child, child_losses = build(config_for(tiny_smol_dir, "child"), log=lines.append)
     inline, inline_losses = build(config_for(tiny_smol_dir, "inline"), log=lambda *_: None)
-    assert len(child_losses) >= 2 and child_losses == inline_losses
+    assert len(child_losses) >= 2 and child_losses == pytest.approx(inline_losses, rel=1e-6, abs=0)
     assert child_losses[0] != child_losses[1]  # the fit moved the weights between its steps
     [summary] = [line for line in lines if line.startswith("warm start:")]
     assert f"{len(child_losses)} steps" in summary
@@ -33,10 +46,11 @@ def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir):
         assert ours.keys() == theirs.keys()
         for name in ours:
             assert ours[name].dtype == theirs[name].dtype, name
-            assert torch.equal(ours[name], theirs[name]), name
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
     initial = build(load_config(None, [f"model.path={tiny_smol_dir}", "method.name=grpo", "model.autocast=",
                                        "train.progress=false"]), log=lambda *_: None)[0].policy.state_dict()
-    assert not all(torch.equal(initial[n], t) for n, t in child.policy.state_dict().items())
+    moved = max((initial[n] - t).abs().max().item() for n, t in child.policy.state_dict().items())
+    assert moved > 1e-3  # a thousand times what the two ways may differ by
 
 
 def test_auto_isolates_a_single_process_cpu_run_only():
