@@ -54,8 +54,8 @@ GRAD_TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 3e
 def assert_close_scaled(got, want, dtype, what, floor=0.1):
     # The floor covers gradients that vanish exactly (e.g. V = 1: p = 1 at the target), where
     # rounding leaves ~1e-7 of |dL/dy| x |other operand| x logit_scale / T, the gradient's natural
-    # scale: 0.1 of it (a constant 0.1 assumed unit inputs, and Hypothesis found T=12, H=1, V=1,
-    # T=0.7 on an Intel Xeon off by 2.8e-6 where 2e-6 was allowed, with |W| up to ~6).
+    # scale: 0.1 of it (a constant 0.1 assumed unit inputs, and Hypothesis found T=12, H=1, V=1 at
+    # temperature 0.7 on an Intel Xeon off by 2.8e-6 where 2e-6 was allowed, with |W| up to ~6).
     scale = max(want.abs().max().item() if want.numel() else 0.0, floor)
     tol = GRAD_TOLERANCE[dtype]
     torch.testing.assert_close(
