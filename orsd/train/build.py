@@ -54,11 +54,11 @@ def build(config, run_dir=None, resume_from=None, log=print):
     m = config.model
     threads = configure_threads(m.threads)
     device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
-    ops_check = check_ops(resolve_device(device), m.ops_self_check, log)
+    ops_check = check_ops(where := resolve_device(device), m.ops_self_check, log)  # before any model loads
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
     warm_losses, decided = [], None
     in_child = (resume_from is None and config.warm_start.enabled
-                and runs_in_child(config, resolve_device(device), dist is not None))
+                and runs_in_child(config, where, dist is not None))
     if in_child:  # before this process loads anything: the child's peak and ours are resident together
         with contextlib.nullcontext(reference_dir) if reference_dir else tempfile.TemporaryDirectory() as out:
             warm_losses, decided = run_warm_start_in_child(config, out, log)

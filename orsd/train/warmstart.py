@@ -12,10 +12,15 @@ prompt with an action, the bundle prompt included, so a few bundle-format demons
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -189,12 +194,6 @@ def run_warm_start_in_child(config, out_dir, log=print):
     page faults, yet mostly user time; a bf16 matmul alone was barely slower). Whatever state the
     fit leaves in the allocator, a process that ends takes it along. Any ops this process's
     self-check set aside are set aside in the child too, and it runs on as many threads."""
-    import pickle
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
     import orsd
     from orsd.ops import _backend
 
@@ -278,9 +277,5 @@ def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | N
 
 
 if __name__ == "__main__":  # the child of run_warm_start_in_child: job.pkl in, result.pkl out
-    import pickle
-    import sys
-    from pathlib import Path
-
     job, result = sys.argv[1:3]
     Path(result).write_bytes(pickle.dumps(_fit_in_child(*pickle.loads(Path(job).read_bytes()))))

@@ -21,14 +21,3 @@ def tiny_model(tiny_tokenizer):
     from tiny_model import make_tiny_qwen3
 
     return make_tiny_qwen3(tiny_tokenizer)
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and a busy 2-core machine makes OpenMP threads spin."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -18,18 +18,10 @@ def config_for(model_dir, process):
                               "optim.train_layers=1", "train.progress=false"])
 
 
-@pytest.fixture
-def one_thread():
-    """Not torch's default here (2 cores): the child must fit on this process's thread count."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
-def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir, one_thread):
-    """Same demonstrations, seed and threads: the same losses and weights, loaded from the child's
-    save (a temporary dir when there is no run dir); its summary line reaches our log. Equal to f32
+def test_the_fit_in_a_child_process_equals_the_fit_in_place(tiny_smol_dir, one_torch_thread):
+    """Same demonstrations, seed and threads (one, not torch's default: the child must take ours):
+    the same losses and weights, loaded from the child's save (a temporary dir when there is no run
+    dir); its summary line reaches our log. Equal to f32
     rounding, not bitwise: in CI's full test run (2026-12-01, Intel Xeon) the sixth loss differed in
     its 7th digit (10.728445 vs 10.728448), alone it matched bitwise; MKL's f32 GEMM is not
     bitwise-stable across calling contexts (docs/ops.md). A fit that went wrong differs far more:
