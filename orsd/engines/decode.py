@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from .packed import is_packed, packed_linears
 from .prefill import distinct_rows, lay_into, supports_tree_prefill, tree_prefill
 
 
@@ -61,6 +62,8 @@ def next_token_head(model):
     head = lm_head_of(model)
     if head is None:
         return None
+    if is_packed(head):  # inside packed_linears: the head's weight is cast and packed once already
+        return head
     weight, device = head.weight, head.weight.device.type
     if torch.is_autocast_enabled(device) and weight.dtype == torch.float32:
         weight = weight.detach().to(torch.get_autocast_dtype(device))
@@ -136,8 +139,14 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
     """Sample up to `sampling.max_new_tokens` ids per prompt (left-padded into one batch on the
     model's device). Returns the ids [B, T] (a row that stopped is padded with `pad_id` after its
     stop id, as transformers does) and the log-probs of the temperature-scaled policy at those ids
-    [B, T] (T: steps taken)."""
+    [B, T] (T: steps taken). On a CPU under bf16 autocast the decode steps' matmuls run on weights
+    packed once for this call (engines/packed.py)."""
     check_top_k(sampling)
+    with packed_linears(model, rows_hint=len(prompts)):
+        return _decode(model, prompts, cache, sampling, stop_ids, pad_id)
+
+
+def _decode(model, prompts, cache, sampling, stop_ids, pad_id):
     device = next(model.parameters()).device
     input_ids, attention_mask = (t.to(device) for t in left_padded(prompts, pad_id))
     temperature = 1.0 if sampling.greedy else sampling.temperature

@@ -93,7 +93,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
                       ds_engine=ds_engine)
     trainer.environment["ops_self_check"] = ops_check
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
-    trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     return trainer, warm_losses
 
 

@@ -1,6 +1,7 @@
 """model.autocast=auto (bf16 only where the device runs it well, else fp32) and model.threads."""
 
 import json
+import os
 import subprocess
 import sys
 import math
@@ -107,6 +108,22 @@ def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
             "assert configure_threads(0) == 1  # 0 leaves whatever is set\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_threads_setup_bounds_onednns_primitive_cache_unless_the_user_set_it():
+    # fresh processes: the variable is read once per process, and the test must not leave it set
+    code = ("import os; from orsd.train.model import ONEDNN_CACHE_CAPACITY, configure_threads\n"
+            "configure_threads(0)\n"
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], ONEDNN_CACHE_CAPACITY)\n")
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    value, default = done.stdout.split()
+    assert value == default and 0 < int(value) < 1024  # bounded below oneDNN's own 1,024
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "7"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "7"
 
 
 def test_config_accepts_auto_and_threads_and_names_bad_values():

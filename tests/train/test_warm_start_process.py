@@ -1,6 +1,7 @@
 """warm_start.process: the fit in a spawned child process gives the RL phase the same policy as the
 fit in place, and `auto` picks the child only where it pays (one process, on a CPU)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -73,3 +74,19 @@ def test_a_child_that_fails_is_reported_with_its_exit_status(tmp_path):
     with pytest.raises(RuntimeError, match=r"warm start's child process failed with exit status 1 \(its traceback "
                                            r"is above\); warm_start.process=inline"):
         build(config, log=lambda *_: None)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_policy_loaded_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tiny_model, tmp_path):
+    """Loaded memory-mapped, f32 weights from an f32 file stay views of the mapping, and the whole
+    file stays resident beside every copy made later (the warm start's checkpoint in the default
+    run: 525 MB); load_policy reads it into memory instead."""
+    from orsd.train.model import load_policy
+
+    tiny_model.save_pretrained(tmp_path)
+    weights = next(tmp_path.glob("*.safetensors"))
+    policy = load_policy(str(tmp_path), "float32", "cpu")
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(weights) in line]
+    assert mapped == []
+    for name, tensor in tiny_model.state_dict().items():  # and it is the checkpoint's content
+        assert torch.equal(policy.state_dict()[name], tensor), name

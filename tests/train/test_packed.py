@@ -1,0 +1,84 @@
+"""engines/packed.py: decode-step matmuls on weights packed once for oneDNN give autocast's results
+bit for bit, and every call it does not serve takes the layer's own forward."""
+
+import contextlib
+
+import pytest
+import torch
+from torch.profiler import profile
+
+from orsd.engines import decode as decode_module
+from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.packed import MAX_ROWS, is_packed, packed_linears
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def packed_calls(prof) -> int:
+    return sum(1 for e in prof.events() if e.name == "mkldnn::_linear_pointwise")
+
+
+def test_sampled_generation_is_bitwise_the_same_packed_or_not(tiny_model, tiny_tokenizer, monkeypatch):
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False)
+               for text in ("the agent clicks", "Task: put a clean apple in the fridge.", "yes no")]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    sampling = Sampling(temperature=1.0, max_new_tokens=10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(3)
+        with profile() as prof:
+            packed = engine.generate(prompts, sampling)
+        assert packed_calls(prof) > 0  # the packed path ran
+        monkeypatch.setattr(decode_module, "packed_linears", lambda model, rows_hint: contextlib.nullcontext())
+        torch.manual_seed(3)
+        with profile() as prof:
+            plain = engine.generate(prompts, sampling)
+        assert packed_calls(prof) == 0
+    assert [g.ids for g in packed] == [g.ids for g in plain]
+    assert [g.logprobs for g in packed] == [g.logprobs for g in plain]
+    assert sum(len(g.ids) for g in plain) > len(prompts)  # several decode steps were compared
+    assert not any(is_packed(m) for m in tiny_model.modules())  # forwards restored on exit
+
+
+def test_few_rows_take_the_packed_weight_and_match_autocast_bitwise():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=False)  # fp32, requires grad: the trainable layers' case
+    frozen = torch.nn.Linear(96, 32, bias=False).to(torch.bfloat16).requires_grad_(False)
+    model = torch.nn.Sequential(layer, frozen)
+    x = torch.randn(2, 3, 64)  # 6 rows
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+        with packed_linears(model, rows_hint=6):
+            assert is_packed(layer) and is_packed(frozen)
+            with profile() as prof:
+                got = model(x)
+            assert packed_calls(prof) == 2
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(got, expected)
+    assert not is_packed(layer) and not is_packed(frozen)
+
+
+def test_calls_it_does_not_serve_take_the_layers_own_forward():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=False)
+    many = torch.randn(MAX_ROWS + 1, 64)
+    few = torch.randn(4, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(layer):
+        with profile() as prof:
+            with torch.no_grad():
+                layer(many)  # too many rows
+            out = layer(few)  # a gradient is wanted
+        assert packed_calls(prof) == 0
+        out.float().sum().backward()
+    assert few.grad is not None and layer.weight.grad is not None
+    with packed_linears(layer):  # no autocast: nothing is packed
+        assert not is_packed(layer)
+    with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(layer, rows_hint=MAX_ROWS + 1):
+        assert not is_packed(layer)  # a batch of more rows than it serves: no packing at all
+
+
+def test_biased_and_zero3_placeholder_layers_are_left_alone():
+    biased = torch.nn.Linear(8, 8)
+    placeholder = torch.nn.Linear(8, 8, bias=False)
+    placeholder.weight.ds_id = 0  # what DeepSpeed ZeRO-3 marks a partitioned parameter with
+    with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(torch.nn.Sequential(biased, placeholder)):
+        assert not is_packed(biased) and not is_packed(placeholder)
