@@ -94,7 +94,7 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
 
     On a CPU the checkpoint is read into memory rather than memory-mapped: weights whose dtype
     matches the file's stay views of the mapping, so the whole file stayed resident beside the
-    copies casting and the optimizer make (the default run's parent, loading the warm start's f32
+    copies casting and the optimizer make (the default run's training process, loading the warm start's f32
     checkpoint: 525 MB of file pages for the run's whole life). The price is a moment at twice a
     shard's size while it loads (the default run: 1.5 GB, long before its peak)."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -351,8 +351,9 @@ def test_an_unreachable_verifier_stops_the_run_before_training():
 
 
 def test_the_reachability_probe_is_bounded_and_skippable(monkeypatch):
-    def hangs(*args, **kwargs):
-        time.sleep(30)
+    def hangs(*args, **kwargs):  # a connect that never answers, then times out as a real one would
+        time.sleep(30)  # (returning None instead made the probe thread raise 30 s later, in another test)
+        raise TimeoutError("timed out")
 
     monkeypatch.setattr(socket, "create_connection", hangs)
     start = time.monotonic()

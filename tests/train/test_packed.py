@@ -76,9 +76,14 @@ def test_calls_it_does_not_serve_take_the_layers_own_forward():
         assert not is_packed(layer)  # a batch of more rows than it serves: no packing at all
 
 
-def test_biased_and_zero3_placeholder_layers_are_left_alone():
+def test_biased_zero3_placeholder_and_hooked_layers_are_left_alone():
     biased = torch.nn.Linear(8, 8)
     placeholder = torch.nn.Linear(8, 8, bias=False)
     placeholder.weight.ds_id = 0  # what DeepSpeed ZeRO-3 marks a partitioned parameter with
-    with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(torch.nn.Sequential(biased, placeholder)):
-        assert not is_packed(biased) and not is_packed(placeholder)
+    hooked = torch.nn.Linear(8, 8, bias=False)
+    hook = hooked.forward = lambda x: x  # as accelerate's offloading sets a forward on the instance
+    plain = torch.nn.Linear(8, 8, bias=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears(torch.nn.Sequential(biased, placeholder, hooked, plain)):
+        assert not is_packed(biased) and not is_packed(placeholder) and not is_packed(hooked)
+        assert is_packed(plain)
+    assert hooked.forward is hook
