@@ -63,7 +63,7 @@ def _packed_forward(layer: torch.nn.Linear, packed: torch.Tensor):
     plain = type(layer).forward.__get__(layer)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if (x.numel() // max(x.shape[-1], 1) > MAX_ROWS or x.device.type != "cpu"
+        if (x.numel() // max(x.shape[-1], 1) > MAX_ROWS
                 or (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))
                 or not torch.is_autocast_enabled("cpu") or torch.get_autocast_dtype("cpu") != torch.bfloat16):
             return plain(x)

@@ -101,6 +101,7 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
 
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r}: expected one of {sorted(DTYPES)}")
+    target = resolve_device(device)
     if path.startswith("random:"):
         spec = json.loads(Path(path[len("random:"):]).read_text())
         spec.pop("tokenizer_dir", None)
@@ -111,8 +112,8 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_path(path), dtype=DTYPES[dtype],
                                                      attn_implementation=attn_implementation,
-                                                     disable_mmap=resolve_device(device).type == "cpu")
-    return model.to(resolve_device(device))
+                                                     disable_mmap=target.type == "cpu")
+    return model.to(target)
 
 
 def frozen_copy(model, matmul_dtype: str = ""):
