@@ -1,5 +1,5 @@
-"""Forwards along a prefix tree: every distinct sequence without padding, and a prefix that several
-share computed once. The hf decode loop prefills with it (`tree_prefill`); the reference pass, the
+"""Forwards along a prefix tree: every distinct sequence once, and a prefix that several share
+computed once. The hf decode loop prefills with it (`tree_prefill`); the reference pass, the
 update and the warm start take hidden states from it (`shared_prefix_hidden`, train/replay.py),
 the last two under autograd.
 
@@ -10,11 +10,17 @@ for the padding up to the longest prompt: on the 2-core CPU a turn of 6 such pro
 (231–573 tokens) took 4.6 s to prefill, about as long as its 40 decode steps.
 
 Here the distinct prompts form a prefix tree (`prefix_tree`): a node holds the tokens all its
-prompts share beyond its parent's. A node's segment is forwarded once on one row, continuing
-its parent's keys/values; a node's leaves (the prompts' own remainders) are forwarded together as
-one right-padded batch on branches of those keys/values (`_branch`: shared, not copied). Each prompt's keys/values are then laid
-into the decode cache left-padded, as the batched prefill would have left them, so the decode
-steps are unchanged. The logits differ from the batched prefill's only by floating-point order.
+prompts share beyond its parent's. A chain of segments, following the child with the most prompts
+(`trunks`), is forwarded once on one row; everything that branches off it (another prompt's own
+remainder, another chain) continues from its keys and values in right-padded batches, each row
+masked past the position where it branches off (`tree_forward`). A forward reads every weight
+once whatever its few tokens, so the number of forwards is what this saves: a step's 30 records
+on the default shape take 12 forwards for the plain replay pass instead of 32 with one forward
+per segment and per node's leaves, 15 instead of 34 for the rubric pass (whose records branch
+off their trajectory at each turn's slot), for ~20% more tokens. Each prompt's keys/values are
+then laid into the decode cache left-padded, as the batched prefill would have left them, so
+the decode steps are unchanged. The logits differ from the batched prefill's only by
+floating-point order.
 """
 
 from __future__ import annotations
@@ -124,52 +130,120 @@ def serves(model) -> bool:
             and not getattr(model, "is_gradient_checkpointing", False))
 
 
+#: padding a leaf batch may add beyond a quarter of its tokens: about what one more forward costs
+#: (a forward reads every weight once; on the 2-core CPU a 2-token forward of SmolLM2-135M took
+#: ~55 ms, each further token ~0.6 ms)
+PAD_TOKENS = 96
+
+
+@dataclass
+class Hanging:
+    """Tokens `tokens` of prompt `prompt` from position `start` on, forwarded on a cache that holds
+    the prompt's positions [0, start) (and maybe more, masked out). A trunk (`items` not None) is a
+    chain of the tree's segments: what hangs off it continues from its keys/values."""
+
+    start: int
+    tokens: list[int]
+    prompt: int
+    items: list[Hanging] | None = None
+
+
+def trunks(node: Node, prompts: list[list[int]]) -> list[Hanging]:
+    """The tree below `node.start` as trunks and leaves to forward on a cache of positions
+    [0, node.start): from `node`, a trunk follows the inner child with the most prompts down to a
+    node without inner children, in one forward; every leaf and other inner child along it hangs off
+    it at its own start. An empty trunk hands its items to its parent."""
+    path = [node]
+    while inner := [c for c in path[-1].children if not c.is_leaf]:
+        path.append(max(inner, key=lambda c: len(c.prompts)))
+    items: list[Hanging] = []
+    for here, onward in zip(path, path[1:] + [None]):
+        for child in here.children:
+            if child is onward:
+                continue
+            if child.is_leaf:
+                items.append(Hanging(here.end, prompts[child.prompts[0]][here.end:], child.prompts[0]))
+            else:
+                items += trunks(child, prompts)
+    last = path[-1].prompts[0]
+    if path[-1].end == node.start:
+        return items
+    return [Hanging(node.start, prompts[last][node.start:path[-1].end], last, items)]
+
+
 def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | None, device, on_leaf,
                  token_budget: int = 0) -> None:
-    """Forward distinct `prompts` along their prefix tree. For each prompt i, once:
-    `on_leaf(i, cache, row, hidden, start)`: row `row` of `cache` holds its keys/values from
-    position 0, `hidden` [H, ...] is its final hidden states from position `start` on (its leaf's
-    batch row, right-padded). Leaf batches stay within `token_budget` padded tokens (0: any)."""
+    """Forward distinct `prompts` along their prefix tree, each chain of segments (`trunks`) in one
+    forward and what hangs off a trunk in batches on its keys/values, each row masked past its own
+    start. For each prompt i, once: `on_leaf(i, hidden, start, kv)`: `hidden` [W, H] is its final
+    hidden states from position `start` on (right-padded), `kv()` its keys/values per layer
+    ([KV, L, D] each, positions [0, L)). A batch's rows × (cache + longest row) stays within
+    `token_budget` tokens (0: any)."""
     from transformers.cache_utils import DynamicCache
 
-    def forward(cache, rows: list[list[int]], start: int):
-        """rows right-padded, continuing `cache` (which holds `start` positions of every row)."""
-        width = max(len(r) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), start + width), dtype=torch.long)
-        mask[:, :start] = 1
-        for row, tokens in enumerate(rows):
-            ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, start:start + len(tokens)] = 1
-        positions = (start + torch.arange(width)).expand(len(rows), width)
-        cache = cache if cache is not None else DynamicCache(config=config)
+    def forward(cache, length: int, batch: list[Hanging]):
+        """The batch's rows right-padded, on `cache` (`length` positions, one row) repeated per row."""
+        width = max(len(item.tokens) for item in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), length + width), dtype=torch.long)
+        positions = torch.empty((len(batch), width), dtype=torch.long)
+        for row, item in enumerate(batch):
+            ids[row, :len(item.tokens)] = torch.tensor(item.tokens, dtype=torch.long)
+            mask[row, :item.start] = 1  # its own prefix; the cache's positions past it are another prompt's
+            mask[row, length:length + len(item.tokens)] = 1
+            positions[row] = item.start + torch.arange(width)
+        branch = DynamicCache(config=config) if cache is None else _branch(cache)
+        if cache is not None and len(batch) > 1:
+            branch.batch_repeat_interleave(len(batch))
         hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                         past_key_values=cache, use_cache=True).last_hidden_state
-        return cache, hidden
+                         past_key_values=branch, use_cache=True).last_hidden_state
+        return branch, hidden
 
-    def visit(node: Node, cache) -> None:
-        if node.end > node.start:  # the shared segment, once
-            cache, _ = forward(cache, [prompts[node.prompts[0]][node.start:node.end]], node.start)
-        batches = _similar_lengths([c for c in node.children if c.is_leaf], prompts, token_budget)
-        inner = [c for c in node.children if not c.is_leaf]
-        uses = len(batches) + len(inner)
-        for batch in batches:  # the last use of `cache` takes it; the others a branch of it
-            uses -= 1
-            branch = cache if not uses or cache is None else _branch(cache)
-            if branch is not None and len(batch) > 1:
-                branch.batch_repeat_interleave(len(batch))
-            branch, hidden = forward(branch, [prompts[leaf.prompts[0]][node.end:] for leaf in batch], node.end)
-            for row, leaf in enumerate(batch):
-                on_leaf(leaf.prompts[0], branch, row, hidden[row], node.end)
-            del branch, hidden
-        for child in inner:
-            uses -= 1
-            visit(child, cache if not uses or cache is None else _branch(cache))
+    def row_kv(cache, row: int, length: int, item: Hanging) -> list[tuple]:
+        """Keys/values of positions [0, item.start + len(item.tokens)) of `item`'s row."""
+        end = length + len(item.tokens)
+        if item.start == length:
+            return [(layer.keys[row, :, :end], layer.values[row, :, :end]) for layer in cache.layers]
+        return [(torch.cat([layer.keys[row, :, :item.start], layer.keys[row, :, length:end]], dim=1),
+                 torch.cat([layer.values[row, :, :item.start], layer.values[row, :, length:end]], dim=1))
+                for layer in cache.layers]
+
+    def visit(cache, length: int, items: list[Hanging]) -> None:
+        for batch in _batches(items, length, token_budget):
+            out, hidden = forward(cache, length, batch)
+            later = []
+            for row, item in enumerate(batch):
+                if item.items is None:
+                    on_leaf(item.prompt, hidden[row], item.start, lambda r=row, i=item: row_kv(out, r, length, i))
+                else:  # a trunk: its own cache (one row, contiguous) for what hangs off it
+                    trunk = DynamicCache(config=config)
+                    for index, (keys, values) in enumerate(row_kv(out, row, length, item)):
+                        trunk.update(keys.unsqueeze(0), values.unsqueeze(0), index)
+                    later.append((trunk, item.start + len(item.tokens), item.items))
+            del out, hidden
+            for trunk, end, hanging in later:
+                visit(trunk, end, hanging)
 
     root = prefix_tree(prompts, first)
-    if root.is_leaf:  # one prompt
-        root = Node(0, 0, root.prompts, [root])
-    visit(root, None)
+    visit(None, 0, trunks(Node(0, 0, root.prompts, [root]), prompts))
+
+
+def _batches(items: list[Hanging], length: int, token_budget: int = 0) -> list[list[Hanging]]:
+    """Items batched by length: a batch's padding stays under a quarter of its tokens plus
+    PAD_TOKENS, and its rows × (length + longest row) within `token_budget` (0: any)."""
+    batches, current, total = [], [], 0
+    for item in sorted(items, key=lambda item: len(item.tokens)):
+        size = len(item.tokens)
+        padded = (len(current) + 1) * size
+        if current and (padded - total - size > 0.25 * (total + size) + PAD_TOKENS
+                        or (token_budget and (len(current) + 1) * (length + size) > token_budget)):
+            batches.append(current)
+            current, total = [], 0
+        current.append(item)
+        total += size
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _branch(cache):
@@ -187,31 +261,12 @@ def tree_prefill(decoder, config, prompts: list[list[int]], device) -> tuple[lis
     kv: list[list[tuple] | None] = [None] * len(prompts)
     last: list[torch.Tensor | None] = [None] * len(prompts)
 
-    def keep(i: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
-        length = len(prompts[i])
-        kv[i] = [(layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in cache.layers]
-        last[i] = hidden[length - 1 - start]
+    def keep(i: int, hidden: torch.Tensor, start: int, keys_values) -> None:
+        kv[i] = keys_values()
+        last[i] = hidden[len(prompts[i]) - 1 - start]
 
     tree_forward(decoder, config, prompts, None, device, keep)
     return kv, torch.stack(last)
-
-
-def _similar_lengths(leaves: list[Node], prompts, token_budget: int = 0) -> list[list[Node]]:
-    """Leaves batched so that right padding stays under a quarter of a batch's tokens, and a batch
-    within `token_budget` padded tokens (0: any)."""
-    order = sorted(leaves, key=lambda leaf: len(prompts[leaf.prompts[0]]))
-    batches, current, total = [], [], 0
-    for leaf in order:
-        length = len(prompts[leaf.prompts[0]]) - leaf.start
-        wide = (len(current) + 1) * length
-        if current and (wide > 1.25 * (total + length) or (token_budget and wide > token_budget)):
-            batches.append(current)
-            current, total = [], 0
-        current.append(leaf)
-        total += length
-    if current:
-        batches.append(current)
-    return batches
 
 
 def lay_into(cache, kv: list[list[tuple]], inverse: list[int], width: int) -> None:
@@ -247,7 +302,7 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
         wanted[p].append(i)
     out: list[torch.Tensor | None] = [None] * len(sequences)
 
-    def keep(p: int, cache, row: int, hidden: torch.Tensor, start: int) -> None:
+    def keep(p: int, hidden: torch.Tensor, start: int, keys_values) -> None:
         for i in wanted[p]:
             out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
 
