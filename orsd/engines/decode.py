@@ -12,7 +12,7 @@ bundle rows with the n-gram ban: within noise); the model's forward is the same.
 
 Repeated prompts in a batch (the M bundles of a group share one prompt; a group's N episodes share
 their first turn's) are prefilled once and their keys/values copied to every row that asks for them;
-distinct prompts are prefilled without padding, a prefix they share once (engines/prefill.py). The
+distinct prompts are prefilled once, a prefix they share once (engines/prefill.py). The
 decode steps take the logits from the decoder's last hidden state and the LM head directly
 (`next_token_head`), with a frozen fp32 head cast once per call instead of at every step. Both
 together, on the 2-core CPU under bf16 autocast (same process, alternating, libgomp's default
