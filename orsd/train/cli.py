@@ -304,7 +304,7 @@ def format_summary(s: dict) -> str:
 
     lines = [
         f"done: {s['steps']} {s['method']} steps in {s['wall_seconds']:.0f} s (setup {s['setup_seconds']:.0f} s), "
-        f"peak RSS {s['peak_rss_mb']:.0f} MB",
+        f"peak RSS {s['peak_rss_mb']:.0f} MiB",
         f"reward: first {num(s['reward_first'])}, last {num(s['reward_last'])}, mean {num(s['reward_mean'])}; "
         f"success {num(s['success_rate_mean'])}",
         f"groups whose rewards differ: {num(s['fraction_groups_rewards_differ'], '.0%')}; "

@@ -371,7 +371,8 @@ class TrainConfig:
     eval_before: bool = doc(False, "evaluate before training", resumable=True)
     eval_tasks: int = doc(32, "held-out tasks per evaluation", ge=1, resumable=True)
     eval_samples: int = doc(4, "samples per held-out task", ge=1, resumable=True)
-    eval_temperature: float = doc(0.6, "sampling temperature of evaluation", gt=0, resumable=True)
+    eval_temperature: float = doc(0.6, "sampling temperature of evaluation (which keeps rollout.top_p and rollout.top_k)",
+                                 gt=0, resumable=True)
     progress: bool = doc(True, "show a progress bar", resumable=True)
     tensorboard: bool = doc(True, "write TensorBoard event files under <run>/tensorboard/", resumable=True)
     wandb: bool = doc(False, "also log to Weights & Biases (needs the wandb package)", resumable=True)

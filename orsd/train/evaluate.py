@@ -58,10 +58,12 @@ def summarize(groups: list[Group], env_name: str, split: str, step: int) -> dict
 
 def evaluate(engine, tokenizer, env, split: str, num_tasks: int, samples: int, temperature: float,
              max_new_tokens: int, max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-             step: int = 0, seed: int = 0, templates=None) -> dict:
+             step: int = 0, seed: int = 0, templates=None, top_p: float = 1.0, top_k: int = 0) -> dict:
+    """`samples` episodes on each of `num_tasks` held-out tasks, sampled at `temperature` with the
+    rollouts' nucleus and top-k filters (`top_p`, `top_k`: rollout.top_p / rollout.top_k)."""
     torch.manual_seed(seed)
     tasks = eval_tasks(env, split, num_tasks)
-    groups = rollout(engine, tokenizer, env, tasks, samples, Sampling(temperature, 1.0, max_new_tokens),
+    groups = rollout(engine, tokenizer, env, tasks, samples, Sampling(temperature, top_p, max_new_tokens, top_k=top_k),
                      max_context_tokens, max_actions, max_history_turns, f"eval{step}", 0, templates)
     return summarize(groups, env.name, split, step)
 
@@ -76,7 +78,7 @@ def evaluate_trainer(trainer, step: int) -> dict:
         return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks,
                         cfg.train.eval_samples, cfg.train.eval_temperature, cfg.rollout.max_new_tokens,
                         cfg.rollout.max_context_tokens, cfg.env.max_actions, cfg.env.max_history_turns, step,
-                        cfg.train.seed, trainer.templates)
+                        cfg.train.seed, trainer.templates, cfg.rollout.top_p, cfg.rollout.top_k)
 
 
 def make_eval_env(config, split: str):
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                           args.samples or config.train.eval_samples, config.train.eval_temperature,
                           config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
                           config.env.max_history_turns, args.step, config.train.seed,
-                          prompt_templates(config.env.name, config.env.prompt))
+                          prompt_templates(config.env.name, config.env.prompt), config.rollout.top_p,
+                          config.rollout.top_k)
     result["checkpoint"] = args.checkpoint
     result["seconds"] = time.perf_counter() - start
     print(format_eval(result))

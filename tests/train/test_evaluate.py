@@ -56,3 +56,23 @@ def test_orsd_train_takes_overrides_between_and_after_its_options():
 
     args = parse_args(["rubric.num_bundles=2", "--run-dir", "runs/x", "method.name=grpo", "--dry-run"])
     assert args.overrides == ["rubric.num_bundles=2", "method.name=grpo"] and args.run_dir == "runs/x"
+
+
+def test_evaluation_samples_with_the_rollouts_top_p_and_top_k(monkeypatch, tiny_model):
+    """orsd-eval and the in-run evaluation keep rollout.top_p / rollout.top_k (they sampled from the
+    whole distribution whatever the config said), at train.eval_temperature."""
+    from types import SimpleNamespace
+
+    from orsd.train import evaluate as ev
+    from orsd.train.config import load_config
+
+    seen = []
+    monkeypatch.setattr(ev, "rollout", lambda engine, tokenizer, env, tasks, samples, sampling, *rest: seen.append(
+        sampling) or [])
+    monkeypatch.setattr(ev, "eval_tasks", lambda env, split, num_tasks: [])
+    config = load_config(None, ["rollout.top_k=7", "rollout.top_p=0.9", "train.eval_temperature=0.3",
+                                "model.autocast="])
+    trainer = SimpleNamespace(config=config, policy=tiny_model, engine=None, tokenizer=None, templates=None,
+                              eval_env=SimpleNamespace(name="webshop"))
+    ev.evaluate_trainer(trainer, step=0)
+    assert [(s.temperature, s.top_p, s.top_k) for s in seen] == [(0.3, 0.9, 7)]
