@@ -215,9 +215,12 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
             for row, item in enumerate(batch):
                 if item.items is None:
                     on_leaf(item.prompt, hidden[row], item.start, lambda r=row, i=item: row_kv(out, r, length, i))
-                else:  # a trunk: its own cache (one row, contiguous) for what hangs off it
+                else:  # a trunk: its own cache (one row) for what hangs off it; copied out of a
+                    # batch of several rows, whose whole cache a view would keep alive while they run
                     trunk = DynamicCache(config=config)
                     for index, (keys, values) in enumerate(row_kv(out, row, length, item)):
+                        if len(batch) > 1 and item.start == length:  # row_kv gave views
+                            keys, values = keys.clone(), values.clone()
                         trunk.update(keys.unsqueeze(0), values.unsqueeze(0), index)
                     later.append((trunk, item.start + len(item.tokens), item.items))
             del out, hidden
