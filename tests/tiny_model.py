@@ -44,14 +44,14 @@ def make_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def make_tiny_qwen3(tokenizer, seed: int = 0, initializer_range: float = 0.2):
-    """A 2-layer Qwen3 (hidden 64) with seeded random weights; a wide init makes its next-token
+def make_tiny_qwen3(tokenizer, seed: int = 0, initializer_range: float = 0.2, layers: int = 2):
+    """A `layers`-layer Qwen3 (hidden 64) with seeded random weights; a wide init makes its next-token
     distributions far from uniform, so tests that compare probabilities can tell positions apart."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          max_position_embeddings=4096, tie_word_embeddings=True,
                          initializer_range=initializer_range,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,

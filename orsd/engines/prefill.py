@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import frozen
+
 
 @dataclass
 class Node:
@@ -172,13 +174,16 @@ def trunks(node: Node, prompts: list[list[int]]) -> list[Hanging]:
 
 
 def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | None, device, on_leaf,
-                 token_budget: int = 0) -> None:
+                 token_budget: int = 0, embed=None, whole: bool = False) -> None:
     """Forward distinct `prompts` along their prefix tree, each chain of segments (`trunks`) in one
     forward and what hangs off a trunk in batches on its keys/values, each row masked past its own
     start. For each prompt i, once: `on_leaf(i, hidden, start, kv)`: `hidden` [W, H] is its final
     hidden states from position `start` on (right-padded), `kv()` its keys/values per layer
     ([KV, L, D] each, positions [0, L)). A batch's rows × (cache + longest row) stays within
-    `token_budget` tokens (0: any)."""
+    `token_budget` tokens (0: any). `embed(i, start, end)`, when given, is the decoder's input
+    ([end - start, H]) for tokens [start, end) of prompt i, in place of the token ids (a decoder
+    that starts above frozen layers: engines/frozen.py). `whole`: `hidden` covers every position of
+    the prompt (start 0), its shared prefix's states taken from the trunks it hangs off."""
     from transformers.cache_utils import DynamicCache
 
     def forward(cache, length: int, batch: list[Hanging]):
@@ -195,7 +200,8 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
         branch = DynamicCache(config=config) if cache is None else _branch(cache)
         if cache is not None and len(batch) > 1:
             branch.batch_repeat_interleave(len(batch))
-        hidden = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+        inputs = {"input_ids": ids.to(device)} if embed is None else {"inputs_embeds": _embedded(embed, batch, width)}
+        hidden = decoder(**inputs, attention_mask=mask.to(device), position_ids=positions.to(device),
                          past_key_values=branch, use_cache=True).last_hidden_state
         return branch, hidden
 
@@ -208,13 +214,16 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
                  torch.cat([layer.values[row, :, :item.start], layer.values[row, :, length:end]], dim=1))
                 for layer in cache.layers]
 
-    def visit(cache, length: int, items: list[Hanging]) -> None:
+    def visit(cache, length: int, items: list[Hanging], path: torch.Tensor | None) -> None:
+        """`path`: with `whole`, the states of positions [0, length) of the trunk `cache` holds (None at the root)."""
         for batch in _batches(items, length, token_budget):
             out, hidden = forward(cache, length, batch)
             later = []
             for row, item in enumerate(batch):
+                own = hidden[row] if not whole or not item.start else torch.cat([path[:item.start], hidden[row]])
                 if item.items is None:
-                    on_leaf(item.prompt, hidden[row], item.start, lambda r=row, i=item: row_kv(out, r, length, i))
+                    on_leaf(item.prompt, own, 0 if whole else item.start,
+                            lambda r=row, i=item: row_kv(out, r, length, i))
                 else:  # a trunk: its own cache (one row) for what hangs off it; copied out of a
                     # batch of several rows, whose whole cache a view would keep alive while they run
                     trunk = DynamicCache(config=config)
@@ -222,13 +231,22 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
                         if len(batch) > 1 and item.start == length:  # row_kv gave views
                             keys, values = keys.clone(), values.clone()
                         trunk.update(keys.unsqueeze(0), values.unsqueeze(0), index)
-                    later.append((trunk, item.start + len(item.tokens), item.items))
+                    end = item.start + len(item.tokens)
+                    later.append((trunk, end, item.items, own[:end].clone() if whole else None))
             del out, hidden
-            for trunk, end, hanging in later:
-                visit(trunk, end, hanging)
+            for trunk, end, hanging, states in later:
+                visit(trunk, end, hanging, states)
 
     root = prefix_tree(prompts, first)
-    visit(None, 0, trunks(Node(0, 0, root.prompts, [root]), prompts))
+    visit(None, 0, trunks(Node(0, 0, root.prompts, [root]), prompts), None)
+
+
+def _embedded(embed, batch: list[Hanging], width: int) -> torch.Tensor:
+    rows = [embed(item.prompt, item.start, item.start + len(item.tokens)) for item in batch]
+    out = rows[0].new_zeros((len(rows), width, rows[0].shape[-1]))
+    for row, states in enumerate(rows):
+        out[row, :len(states)] = states
+    return out
 
 
 def _batches(items: list[Hanging], length: int, token_budget: int = 0) -> list[list[Hanging]]:
@@ -287,14 +305,16 @@ def lay_into(cache, kv: list[list[tuple]], inverse: list[int], width: int) -> No
 
 
 def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[int]],
-                         token_budget: int = 0) -> list[torch.Tensor]:
+                         token_budget: int = 0, states: list[torch.Tensor] | None = None,
+                         split: int = 0) -> list[torch.Tensor]:
     """Final hidden states [len(needed[i]), H] at the ascending positions `needed[i]` of every
     sequence, each prefix that sequences share forwarded once and repeated sequences once. Where a
     record's context extends the one before it (a trajectory's turns under a full history) this
     is one forward of the trajectory instead of one per turn. Leaf batches stay within
     `token_budget` padded tokens (0: any). Differentiable under autograd (the update, the warm
     start): a shared prefix's gradient is the sum over the sequences that read it, as when each
-    forwarded its own copy. Every `needed[i]` must be non-empty."""
+    forwarded its own copy. Every `needed[i]` must be non-empty. With `states` (each sequence's
+    states entering layer `split`, engines/frozen.py) only the layers from `split` up run."""
     device = next(model.parameters()).device
     rows, inverse = distinct_rows(sequences)
     prompts = [sequences[row] for row in rows]
@@ -309,5 +329,35 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
         for i in wanted[p]:
             out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
 
-    tree_forward(model.get_decoder(), model.config, prompts, first, device, keep, token_budget)
+    decoder = model.get_decoder()
+    if states is None:
+        tree_forward(decoder, model.config, prompts, first, device, keep, token_budget)
+        return out
+    with frozen.layer_range(decoder, split, len(decoder.layers)):
+        tree_forward(decoder, decoder.config, prompts, first, device, keep, token_budget,
+                     embed=lambda p, start, end: states[rows[p]][start:end].to(device))
     return out
+
+
+def bottom_states(model, sequences: list[list[int]], split: int, token_budget: int = 0) -> list[torch.Tensor]:
+    """The states entering layer `split` ([len, H], float32) of every sequence, without a graph, under
+    the caller's autocast; what sequences share forwarded once, each forward's
+    rows × (cache + longest row) within `token_budget` tokens (0: any). Frozen layers run once this
+    way, and the layers above from the result (engines/frozen.py)."""
+    decoder = model.get_decoder()
+    device = next(model.parameters()).device
+    rows, inverse = distinct_rows(sequences)
+    prompts = [sequences[row] for row in rows]
+    distinct: list[torch.Tensor | None] = [None] * len(prompts)
+
+    def keep(p: int, hidden: torch.Tensor, start: int, keys_values) -> None:
+        distinct[p] = hidden[:len(prompts[p])].float().clone()
+
+    was_training = model.training
+    model.eval()  # no dropout: the states stand for every later forward of these layers
+    try:
+        with torch.no_grad(), frozen.layer_range(decoder, 0, split):
+            tree_forward(decoder, decoder.config, prompts, None, device, keep, token_budget, whole=True)
+    finally:
+        model.train(was_training)
+    return [distinct[p] for p in inverse]

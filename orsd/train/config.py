@@ -281,6 +281,9 @@ class ReplayConfig:
     share_prefix: bool = doc(True, "paired replay's two passes and the reference pass forward what records share "
                                    "(system prompt, task, context up to the slot) once, along a prefix tree "
                                    "(off: whole forwards; always off under ZeRO-3)")
+    reuse_frozen: bool = doc(True, "with optim.train_layers and share_prefix: the plain pass keeps what the frozen "
+                             "layers below compute for each record, and the reference pass and the update "
+                             "run only the layers above from it (engines/frozen.py)")
 
 
 @dataclass
@@ -334,6 +337,9 @@ class WarmStartConfig:
                             "layers: every parameter); "
                             "the layers below run without gradients, so the backward and the saved "
                             "activations stop at them", ge=0)
+    reuse_frozen: bool = doc(True, "with train_layers, forward the frozen layers below once per demonstration "
+                             "and start every epoch's forwards from their output (engines/frozen.py); "
+                             "off: every epoch forwards every layer")
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)", ge=0, le=1)
     bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
                             "mixed in, so a small policy keeps writing numbered bundles", ge=0)

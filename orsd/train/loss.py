@@ -68,7 +68,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
            clip_eps: float,
            dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
            lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None,
-           lm_head: str = "fused", share_prefix: bool = False, packing: str = "length") -> dict:
+           lm_head: str = "fused", share_prefix: bool = False, packing: str = "length",
+           frozen_states: tuple | None = None) -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -82,6 +83,7 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     prefix is shared: micro-batches of records that share prefixes, budgeted by the tokens
     forwarded (see microbatches); Eq. 14's token mean is per micro-batch, so the packing sets its
     weights. "length": sorted by length, budgeted by padded tokens (the same with sharing on or off).
+    `frozen_states`: per packed sequence, the states of the frozen layers below (see train_logprobs).
     """
     if packing not in ("prefix", "length"):
         raise ValueError(f"packing: {packing!r}; expected 'prefix' or 'length'")
@@ -110,7 +112,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
                     else {"chunk_term": distill.chunk_term(flat), "chunk_tokens": distill.chunk_tokens})
         logprobs, entropy, chunk_values = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions,
                                                          temperature, precision=precision, lm_head=lm_head,
-                                                         share_prefix=share_prefix, **chunking)
+                                                         share_prefix=share_prefix, frozen_states=frozen_states,
+                                                         **chunking)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
                                advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
         f = terms.loss  # f_p of Eq. 14

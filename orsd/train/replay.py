@@ -14,7 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from orsd import ops
-from orsd.engines import prefill
+from orsd.engines import frozen, prefill
 from orsd.engines.decode import lm_head_of
 
 from .distributed import gathered
@@ -106,8 +106,10 @@ def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
-def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor]):
-    """Final hidden states predicting each position in `positions[i]` of sequence batch[i]."""
+def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
+                 frozen_states: tuple | None = None):
+    """Final hidden states predicting each position in `positions[i]` of sequence batch[i]; with
+    `frozen_states` = (split, states per sequence s), from layer `split` up (engines/frozen.py)."""
     device = next(model.parameters()).device
     starts = [int(cu[s]) for s in batch]
     lengths = [int(cu[s + 1]) - int(cu[s]) for s in batch]
@@ -117,18 +119,29 @@ def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], p
     for row, (start, length) in enumerate(zip(starts, lengths)):
         input_ids[row, :length] = ids[start:start + length]
         attention[row, :length] = 1
-    hidden = model.get_decoder()(input_ids=input_ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    decoder = model.get_decoder()
+    if frozen_states is None:
+        hidden = decoder(input_ids=input_ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    else:
+        split, states = frozen_states
+        inputs = states[batch[0]].new_zeros((len(batch), width, states[batch[0]].shape[-1]))
+        for row, (s, length) in enumerate(zip(batch, lengths)):
+            inputs[row, :length] = states[s]
+        with frozen.layer_range(decoder, split, len(decoder.layers)):
+            hidden = decoder(inputs_embeds=inputs.to(device), attention_mask=attention.to(device)).last_hidden_state
     return picked(hidden, [p - start - 1 for p, start in zip(positions, starts)])  # predicted from p-1
 
 
 def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
-                        token_budget: int = 0):
+                        token_budget: int = 0, frozen_states: tuple | None = None):
     """_hidden_rows from a forward along the sequences' prefix tree (engines/prefill.py)."""
-    rows = [(ids[int(cu[s]):int(cu[s + 1])].tolist(), (p - int(cu[s]) - 1).tolist())
-            for s, p in zip(batch, positions) if len(p)]
-    if not rows:
-        return _hidden_rows(model, ids, cu, batch, positions)
-    return torch.cat(prefill.shared_prefix_hidden(model, [r[0] for r in rows], [r[1] for r in rows], token_budget))
+    kept = [(s, p) for s, p in zip(batch, positions) if len(p)]
+    if not kept:
+        return _hidden_rows(model, ids, cu, batch, positions, frozen_states)
+    split, states = frozen_states if frozen_states is not None else (0, None)
+    return torch.cat(prefill.shared_prefix_hidden(
+        model, [ids[int(cu[s]):int(cu[s + 1])].tolist() for s, _ in kept], [(p - int(cu[s]) - 1).tolist() for s, p in kept],
+        token_budget, None if states is None else [states[s] for s, _ in kept], split))
 
 
 def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:
@@ -177,14 +190,16 @@ def response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
 
 @torch.no_grad()
 def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
-                    token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = False) -> torch.Tensor:
+                    token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = False,
+                    frozen_states: tuple | None = None) -> torch.Tensor:
     """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere
     (`lockstep`: see response_hidden). `share_prefix`: what the sequences share (a group's system
     prompt, task and first observation) forwarded once (engines/prefill.py); not under `lockstep`,
-    whose ranks must run equal forwards, nor for a cache that cannot be cut per row."""
+    whose ranks must run equal forwards, nor for a cache that cannot be cut per row.
+    `frozen_states` (with share_prefix): see train_logprobs."""
     out = torch.zeros(len(ids), dtype=torch.float32)
     if share_prefix and lockstep is None and prefill.serves(model):
-        batches = _shared_response_hidden(model, ids, cu, mask, token_budget)
+        batches = _shared_response_hidden(model, ids, cu, mask, token_budget, frozen_states)
     else:
         batches = response_hidden(model, ids, cu, mask, token_budget, lockstep)
     for flat, hidden in batches:
@@ -192,7 +207,8 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
     return out
 
 
-def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int):
+def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int,
+                            frozen_states: tuple | None = None):
     """response_hidden's (positions, hidden), once for all sequences, from shared-prefix forwards."""
     positions = batch_positions(mask, cu, list(range(len(cu) - 1)))
     active = [s for s, p in enumerate(positions) if len(p)]  # sequences with nothing to score: no forward
@@ -201,7 +217,8 @@ def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: to
     was_training = model.training
     model.eval()
     try:
-        hidden = _shared_hidden_rows(model, ids, cu, active, [positions[s] for s in active], token_budget)
+        hidden = _shared_hidden_rows(model, ids, cu, active, [positions[s] for s in active], token_budget,
+                                     frozen_states)
     finally:
         model.train(was_training)
     trim_heap()
@@ -240,8 +257,8 @@ def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
                    temperature: float, chunk_tokens: int = 1024, precision: str = "",
-                   chunk_term=None, lm_head: str = "fused",
-                   share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   chunk_term=None, lm_head: str = "fused", share_prefix: bool = False,
+                   frozen_states: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Differentiable log-probs, detached entropies and, with `chunk_term`, a differentiable
     per-token term of the response tokens of one micro-batch.
 
@@ -257,13 +274,16 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
     only: autocast must not reach the backward or the optimizer step (seen here: with both under
     CPU bf16 autocast, SmolLM2's warm start stopped learning). `share_prefix`: a prefix that the
     micro-batch's sequences share forwarded once (engines/prefill.py), where the model serves it.
+    `frozen_states` = (split, states): each sequence s's states entering layer `split`, from
+    frozen layers below it computed once (engines/frozen.py); only the layers from `split` up run.
     """
     if lm_head not in ("fused", "chunked"):
         raise ValueError(f"lm_head: {lm_head!r}; expected 'fused' or 'chunked'")
     fn, extra = chunk_term if chunk_term is not None else (None, ())
     with autocast(model, precision):
         shared = share_prefix and prefill.serves(model)
-        hidden = (_shared_hidden_rows if shared else _hidden_rows)(model, ids, cu, batch, positions)
+        hidden = (_shared_hidden_rows if shared else _hidden_rows)(model, ids, cu, batch, positions,
+                                                                   frozen_states=frozen_states)
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
         if lm_head == "fused" and fn is None and fused_head_serves(head):
@@ -313,11 +333,15 @@ class ReplayResult:
     valid: torch.Tensor  # [L] e: response token of an eligible record with a finite Δ
     rollout_gap: float  # mean |replayed − rollout| log-prob over response tokens
     rollout_logprobs: torch.Tensor  # [L] the sampler's log-probs (π_old with optim.old_logprobs=rollout)
+    # (split, per record the states entering layer `split`) from the plain pass, when the layers
+    # below `split` are frozen (reuse_frozen): the reference pass and the update start from them
+    frozen_states: tuple | None = None
 
 
 def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
                   record_rubrics: list[list[int] | None], alpha: float, temperature: float,
-                  token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True) -> ReplayResult:
+                  token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True,
+                  reuse_frozen: bool = False) -> ReplayResult:
     """Log-probs of the same response tokens without and with the rubric spliced in at each
     record's slot; their gap Δ shapes the token advantage (paper §3.3).
 
@@ -329,13 +353,22 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     is forwarded once: on the default shape 9,817 → 3,732 tokens for the plain pass. The rubric
     pass is a separate tree, so the plain log-probs never depend on which records have a rubric
     (GRPO's replay is the same plain pass; ORSD at α = 0 gives its numbers bit for bit). Not under
-    ZeRO-3 (`lockstep`), whose ranks must run equal forwards.
+    ZeRO-3 (`lockstep`), whose ranks must run equal forwards. `reuse_frozen` (with share_prefix):
+    where the model's bottom layers are frozen, the plain pass runs them once per record
+    (prefill.bottom_states) and the layers above from their output, which the result keeps
+    (`frozen_states`) for the reference pass and the update.
     """
     packed = pack(records)
     spliced = splice_privileged(packed, records, record_rubrics)
     eligible, pos_map = spliced.eligible, spliced.pos_map
+    states = None
+    split = frozen.frozen_layers(model) if reuse_frozen and share_prefix and lockstep is None else 0
+    if split and prefill.serves(model) and frozen.serves(model, split):
+        sequences = [packed.ids[int(packed.cu_seqlens[s]):int(packed.cu_seqlens[s + 1])].tolist()
+                     for s in range(packed.num_sequences)]
+        states = (split, prefill.bottom_states(model, sequences, split, token_budget))
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
-                          token_budget, fused, lockstep, share_prefix)
+                          token_budget, fused, lockstep, share_prefix, states)
     if eligible.any() or lockstep:
         with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
                                       temperature, token_budget, fused, lockstep, share_prefix)
@@ -349,4 +382,4 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
                                                  dtype=torch.float32)
     scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
     gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
-    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout)
+    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout, states)

@@ -98,6 +98,7 @@ class Trainer:
         # collectives that keep ranks in step: micro-batch counts always, forwards under ZeRO-3
         self.lockstep = dist.max_int if dist else None
         self.replay_lockstep = dist.max_int if dist and dist.zero_stage == 3 else None
+        self._reference_shares: dict[int, bool | None] = {}  # reference_shares_frozen, per split
 
     # -- Algorithm 1 -----------------------------------------------------------------------------
     def step(self, groups: list[Group] | None = None) -> StepResult:
@@ -128,6 +129,7 @@ class Trainer:
         kill_point("update", self.step_index + 1)
         with timed(seconds, "update"):  # Eq. 11 reduced by Eq. 14; autocasts forwards only
             update_metrics = self.update(replay, reference, teacher)
+        replay.frozen_states = None  # nothing after the update reads them; a kept StepResult would hold them
         with timed(seconds, "sync"):
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
@@ -203,16 +205,33 @@ class Trainer:
                     record_rubrics.append(ids if fits else None)
         return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
                              cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
-                             self.replay_lockstep, cfg.replay.share_prefix)
+                             self.replay_lockstep, cfg.replay.share_prefix,
+                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None)
 
     def reference_logprobs(self, replay: ReplayResult) -> torch.Tensor:
         if not self.config.optim.kl_coef:
             return replay.old_logprobs
-        p = replay.packed
+        p, states = replay.packed, replay.frozen_states
+        if states is not None and not self.reference_shares_frozen(states[0]):
+            states = None
         return replay_logprobs(self.reference, p.ids, p.cu_seqlens, p.response_mask,
                                self.config.rollout.temperature, self.config.replay.token_budget,
                                self.config.replay.fused,  # the reference is a plain full copy per rank
-                               share_prefix=self.config.replay.share_prefix)
+                               share_prefix=self.config.replay.share_prefix, frozen_states=states)
+
+    def reference_shares_frozen(self, split: int) -> bool:
+        """Whether the reference's embeddings and bottom `split` layers hold the policy's frozen
+        values (they were copied from it and neither trains), so the plain pass's states of those
+        layers are the reference's too. Compared once per split."""
+        known = self._reference_shares.setdefault(split, None)
+        if known is None:
+            mine, theirs = self.policy, self.reference
+            pairs = [(mine.get_input_embeddings(), theirs.get_input_embeddings()),
+                     *zip(mine.get_decoder().layers[:split], theirs.get_decoder().layers[:split])]
+            known = self._reference_shares[split] = all(
+                a.dtype == b.dtype and torch.equal(a, b)
+                for x, y in pairs for a, b in zip(x.state_dict().values(), y.state_dict().values()))
+        return known
 
     def teacher(self, groups: list[Group], advantages: Advantages, candidates: list, scores: list, selection: list,
                 replay: ReplayResult) -> Teacher:
@@ -261,7 +280,8 @@ class Trainer:
                          scheduler=None if self.ds_engine is not None else self.scheduler,
                          precision=self.config.model.autocast, distill=distill, lm_head=o.lm_head,
                          share_prefix=o.share_prefix and self.replay_lockstep is None,  # ZeRO-3: equal forwards
-                         packing=o.micro_batch_packing)
+                         packing=o.micro_batch_packing,
+                         frozen_states=replay.frozen_states)  # its layers are still the frozen ones replayed
         release_memory()  # the micro-batches' activations are freed: their pages go back before the next rollout
         return metrics
 

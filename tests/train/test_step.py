@@ -181,6 +181,46 @@ def test_a_step_with_the_lower_layers_frozen_updates_only_the_top(method, tiny_m
     assert top and changed == top | {"model.norm.weight"}
 
 
+def test_a_step_reusing_the_frozen_layers_states_takes_the_same_step(tiny_model, tiny_tokenizer):
+    """replay.reuse_frozen on and off with the lower layer frozen: the same step (advantages, loss,
+    KL to the reference, weights after the update) in fp32, and only with it on do the reference
+    pass and the update leave the frozen layer unrun."""
+    import copy
+
+    freeze_below(tiny_model, 1, "optim.train_layers")
+    results = []
+    for reuse in (True, False):
+        model = copy.deepcopy(tiny_model)
+        trainer = make_trainer(small_config("method.name=orsd", "optim.train_layers=1", "optim.kl_coef=0.05",
+                                            f"replay.reuse_frozen={str(reuse).lower()}"), model, tiny_tokenizer)
+        calls, stage = [], [None]
+        model.model.layers[0].register_forward_hook(lambda *_: calls.append(stage[0]))
+        # the reference also serves as the local verifier: only its runs within the reference pass count
+        trainer.reference.model.layers[0].register_forward_hook(lambda *_: calls.append(stage[0]))
+
+        def labelled(name, fn):
+            def call(*args, **kwargs):
+                stage[0] = name
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    stage[0] = None
+            return call
+
+        trainer.update = labelled("update", trainer.update)
+        trainer.reference_logprobs = labelled("reference", trainer.reference_logprobs)
+        trainer.step()
+        result = trainer.step()  # the second: the policy's top layer has moved off the reference's
+        results.append((result.metrics, [p.detach().clone() for p in model.parameters()], set(calls)))
+    (reused, reused_weights, reused_calls), (whole, whole_weights, whole_calls) = results
+    assert reused["groups_rewards_differ"] == 1.0 and reused["kl"] > 0
+    for key in ("loss", "kl", "grad_norm", "reward_mean", "delta_mean"):
+        assert reused[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(reused_weights, whole_weights):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert not reused_calls & {"update", "reference"} and {"update", "reference"} <= whole_calls
+
+
 def test_old_logprobs_from_the_rollout(tiny_model, tiny_tokenizer):
     """optim.old_logprobs=rollout puts the sampler's log-probs in the ratio (paper App. C.2)."""
     config = small_config("method.name=grpo", "optim.old_logprobs=rollout", "optim.lr=0")

@@ -93,3 +93,9 @@ def test_build_gives_the_update_an_optimizer_over_the_top_layers_only(tiny_smol_
     assert {d for n, d in linears.items() if n.startswith("model.layers.0.")} == {torch.bfloat16}
     assert {d for n, d in linears.items() if n.startswith("model.layers.1.")} == {torch.float32}
     assert policy.get_input_embeddings().weight.dtype == torch.float32  # and the head tied to it
+    # the reference holds the policy's frozen values: the plain pass's states of layer 0 serve it too
+    assert trainer.reference_shares_frozen(1)
+    with torch.no_grad():
+        trainer.reference.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
+    trainer._reference_shares.clear()
+    assert not trainer.reference_shares_frozen(1)
