@@ -12,9 +12,9 @@ tokens) the bottom layers' forward was 18–20 s of each ~105 s epoch.
 list, its config's layer count and layer types, and every layer's `layer_idx` (the index of its
 keys/values in a cache) are those of a model made of those layers, for the time of the `with`.
 Below the top it skips the final norm; above the bottom the caller passes `inputs_embeds` (the
-states of layer `start`). Architectures that transform `inputs_embeds` inside the forward
-(scaling or shifting them there) would break this, so `serves` checks, once per model and split, that the two
-halves reproduce the whole forward.
+states of layer `start`). An architecture whose forward transforms `inputs_embeds` (scales or
+shifts them) would break this, so `serves` checks, once per model and split, that the two halves
+reproduce the whole forward.
 """
 
 from __future__ import annotations

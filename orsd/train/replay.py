@@ -138,10 +138,11 @@ def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[
     kept = [(s, p) for s, p in zip(batch, positions) if len(p)]
     if not kept:
         return _hidden_rows(model, ids, cu, batch, positions, frozen_states)
+    sequences = [ids[int(cu[s]):int(cu[s + 1])].tolist() for s, _ in kept]
+    needed = [(p - int(cu[s]) - 1).tolist() for s, p in kept]
     split, states = frozen_states if frozen_states is not None else (0, None)
-    return torch.cat(prefill.shared_prefix_hidden(
-        model, [ids[int(cu[s]):int(cu[s + 1])].tolist() for s, _ in kept], [(p - int(cu[s]) - 1).tolist() for s, p in kept],
-        token_budget, None if states is None else [states[s] for s, _ in kept], split))
+    return torch.cat(prefill.shared_prefix_hidden(model, sequences, needed, token_budget,
+                                                  None if states is None else [states[s] for s, _ in kept], split))
 
 
 def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:

@@ -51,7 +51,8 @@ def test_layer_range_runs_a_slice_and_gives_everything_back(four_layers):
     assert decoder.layers is layers and decoder.config is config and decoder.norm is norm
     assert [layer.self_attn.layer_idx for layer in layers] == indices
     for start, stop in ((0, 0), (3, 2), (-1, 2), (0, 5)):
-        with pytest.raises(ValueError, match=rf"layer_range: \[{start}, {stop}\) is not a range of the decoder's 4 layers"):
+        expected = rf"layer_range: \[{start}, {stop}\) is not a range of the decoder's 4 layers"
+        with pytest.raises(ValueError, match=expected):
             with frozen.layer_range(decoder, start, stop):
                 pass
 
