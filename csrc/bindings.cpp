@@ -64,6 +64,15 @@ PYBIND11_MODULE(_C, m) {
       throw py::value_error(e.what());
     }
   });
+  m.def("lm_head_gemm", &orsd::lm_head_gemm, "GEMM the CPU lm_head_logprobs uses for bf16: own or mkl");
+  m.def("lm_head_gemms_available", &orsd::lm_head_gemms_available);
+  m.def("set_lm_head_gemm", [](const std::string& name) {
+    try {
+      orsd::set_lm_head_gemm(name);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
   m.def("cuda_compiled", [] {
 #ifdef ORSD_WITH_CUDA
     return true;

@@ -72,6 +72,7 @@ def main() -> int:
         from orsd import _C
 
         cpu_rows.append(("isas available", ", ".join(_C.cpu_isas_available())))
+        cpu_rows.append(("lm_head bf16 gemm", f"{_C.lm_head_gemm()} (of {', '.join(_C.lm_head_gemms_available())})"))
         cpu_rows.append(("openmp", str(_C.openmp_enabled())))
     except ImportError:
         pass

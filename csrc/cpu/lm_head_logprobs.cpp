@@ -21,7 +21,9 @@
 // use) run our own kernel (lm_head_logprobs_bf16.h) on operands packed here; everything else
 // calls the MKL GEMM the Python wrapper found in torch (passed by address).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -34,6 +36,9 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #endif
 
 namespace orsd {
@@ -103,10 +108,38 @@ int thread_index() {
 #endif
 }
 
+// AMX-BF16 and AMX-TILE in CPUID leaf 7 (EDX bits 22, 24) and the tile state enabled in XCR0
+// (bits 17, 18): where MKL's bf16 GEMM runs on tiles. gcc 12's __builtin_cpu_supports("amx-bf16")
+// answers false on such a CPU, hence CPUID.
+bool cpu_has_amx_bf16() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) return false;  // OSXSAVE: xgetbv exists
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((lo >> 17) & 3u) == 3u;
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool>& prefer_own_gemm() {
+  static std::atomic<bool> own{[] {
+    const bool can = bf16::available();
+    if (const char* forced = std::getenv("ORSD_LM_HEAD_GEMM"); forced != nullptr && *forced != '\0') {
+      if (std::strcmp(forced, "mkl") == 0) return false;
+      if (std::strcmp(forced, "own") == 0 && can) return true;
+      // an unusable request falls back to the automatic choice rather than failing import
+    }
+    return can && !cpu_has_amx_bf16();
+  }()};
+  return own;
+}
+
 bool use_bf16_kernel(const LmHeadShape& shape) {
-  static const bool cpu_has_it = bf16::available();
-  return cpu_has_it && shape.dtype == DType::kBFloat16 && shape.hidden_size % 2 == 0 &&
-         std::strcmp(cpu::row_math().isa, "avx512") == 0;
+  return prefer_own_gemm().load(std::memory_order_acquire) && shape.dtype == DType::kBFloat16 &&
+         shape.hidden_size % 2 == 0 && std::strcmp(cpu::row_math().isa, "avx512") == 0;
 }
 
 // ---- workspace plan: one function sizes and lays out the scratch for both kernels ---------------
@@ -411,6 +444,24 @@ void merge(float& max, double& sum, double& weighted, float block_max, double bl
 }
 
 }  // namespace
+
+std::string lm_head_gemm() { return prefer_own_gemm().load(std::memory_order_acquire) ? "own" : "mkl"; }
+
+std::vector<std::string> lm_head_gemms_available() {
+  if (bf16::available()) return {"own", "mkl"};
+  return {"mkl"};
+}
+
+void set_lm_head_gemm(const std::string& name) {
+  if (name == "mkl" || (name == "own" && bf16::available())) {
+    prefer_own_gemm().store(name == "own", std::memory_order_release);
+    return;
+  }
+  std::string names;
+  for (const std::string& n : lm_head_gemms_available()) names += (names.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("lm_head_gemm: '" + name + "' is not available on this CPU (expected one of: " +
+                              names + ")");
+}
 
 std::size_t lm_head_logprobs_workspace_cpu(const LmHeadShape& shape, int num_threads,
                                            bool backward) {

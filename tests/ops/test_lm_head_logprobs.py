@@ -1,11 +1,15 @@
 """lm_head_logprobs: values and gradients (w.r.t. hidden and weight, through lp and entropy) equal
 torch autograd on the full-logits reference below, on awkward shapes, on every CPU instruction set
-(the bf16 GEMM kernel runs on the avx512 set when the CPU has AVX512-BF16, MKL on the others),
-without a T x V allocation, reproducibly; bad input raises ValueError naming the argument."""
+and with every bf16 GEMM the CPU offers (our kernel runs on the avx512 set when the CPU has
+AVX512-BF16, MKL everywhere; the module runs once per GEMM), without a T x V allocation,
+reproducibly; bad input raises ValueError naming the argument."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 import types
 import warnings
 
@@ -16,12 +20,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import orsd.ops
+from orsd import _C
 from orsd.ops import fused_token_logprobs, lm_head_logprobs
 
 op_module = importlib.import_module("orsd.ops.lm_head_logprobs")
 backend_module = importlib.import_module("orsd.ops._backend")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True, params=_C.lm_head_gemms_available())
+def gemm(request):
+    """Every test here runs once per bf16 GEMM this CPU offers (`own` only with AVX512-BF16)."""
+    previous = _C.lm_head_gemm()
+    _C.set_lm_head_gemm(request.param)
+    yield request.param
+    _C.set_lm_head_gemm(previous)
 
 
 def reference(hidden, weight, targets, temperature=1.0, softcap=0.0, logit_scale=1.0):
@@ -382,3 +396,47 @@ def test_device_mismatch_raises_value_error():
         lm_head_logprobs(hidden, weight.detach().cuda(), targets)
     with pytest.raises(ValueError, match="^targets"):
         lm_head_logprobs(hidden, weight, targets.cuda())
+
+
+# ---- the bf16 GEMM choice ----------------------------------------------------------------------
+
+
+def test_gemm_switch_refuses_unknown_names_and_keeps_its_choice():
+    before = _C.lm_head_gemm()
+    assert "mkl" in _C.lm_head_gemms_available() and before in _C.lm_head_gemms_available()
+    with pytest.raises(ValueError, match=r"^lm_head_gemm: 'cublas' is not available .*expected one of: .*mkl"):
+        _C.set_lm_head_gemm("cublas")
+    assert _C.lm_head_gemm() == before
+
+
+def test_first_choice_follows_the_cpu_and_the_environment_variable():
+    # a fresh process each: the choice is made once, at the first call
+    def first_choice(env_value):
+        env = {k: v for k, v in os.environ.items() if k != "ORSD_LM_HEAD_GEMM"}
+        if env_value is not None:
+            env["ORSD_LM_HEAD_GEMM"] = env_value
+        code = "from orsd import _C; print(_C.lm_head_gemm())"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    own = "own" in _C.lm_head_gemms_available()
+    assert first_choice(None) == ("own" if own and "amx_bf16" not in flags else "mkl")
+    assert first_choice("mkl") == "mkl"
+    assert first_choice("own") == ("own" if own else first_choice(None))
+
+
+@pytest.mark.skipif(len(_C.lm_head_gemms_available()) < 2, reason="one bf16 GEMM on this CPU (no AVX512-BF16)")
+def test_both_gemms_agree_to_rounding(cpu_isa, gemm):
+    hidden, weight, targets = make_inputs(150, 64, 2500, torch.bfloat16, "cpu", scale=3.0)
+    results = {}
+    for name in ("own", "mkl"):
+        _C.set_lm_head_gemm(name)
+        hidden.grad = weight.grad = None
+        lp, entropy = lm_head_logprobs(hidden, weight, targets, return_entropy=True)
+        (lp.sum() - 0.5 * entropy.sum()).backward()
+        results[name] = (lp, entropy, hidden.grad.clone(), weight.grad.clone())
+    for a, b, what in zip(results["own"], results["mkl"], ("lp", "entropy", "grad_hidden", "grad_weight")):
+        # f32 sums in another order; the gradients are rounded to bf16 once (1 ulp of the largest)
+        tol = 1e-5 if a.dtype == torch.float32 else 2 * 2 ** -8
+        torch.testing.assert_close(a.double(), b.double(), atol=tol * a.abs().max().item(), rtol=0, msg=what)

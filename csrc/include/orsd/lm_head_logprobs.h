@@ -24,8 +24,11 @@
 // summation order: results are bitwise reproducible and independent of the thread count. No float
 // atomics.
 //
-// CPU: bf16 with an even H on a CPU with AVX512-BF16 uses our own GEMM kernel
-// (csrc/cpu/lm_head_logprobs_bf16.h); otherwise the GEMMs are MKL's, borrowed from the torch
+// CPU: bf16 with an even H on a CPU with AVX512-BF16 but no AMX uses our own GEMM kernel
+// (csrc/cpu/lm_head_logprobs_bf16.h; MKL ran bf16 at f32 speed on the AMD EPYC it was written
+// for); with AMX-BF16 tiles, MKL's bf16 GEMM runs on them and was 4x faster than ours (one
+// warm-start head, T=1,024 H=576 V=49,152 fwd+bwd on a 2-core Xeon: 353 vs 1,451 ms), so MKL
+// is used there (lm_head_gemm below); otherwise the GEMMs are MKL's, borrowed from the torch
 // already loaded in the process (torch's libtorch_cpu exports them; orsd/ops/lm_head_logprobs.py
 // finds and self-tests them) and passed in by address, so this module still does not link
 // libtorch:
@@ -39,6 +42,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "orsd/common.h"
 
@@ -56,6 +61,15 @@ struct LogitMap {
   float scale;    // logit_scale / temperature, finite and > 0
   float softcap;  // 0: no soft-capping
 };
+
+// Which GEMM the CPU kernels use for bf16: "own" (the AVX512-BF16 kernel) or "mkl". The first
+// choice is ORSD_LM_HEAD_GEMM when it names an available one, else "mkl" on a CPU whose AMX-BF16
+// tiles the OS enabled and "own" elsewhere when the CPU runs it. set_lm_head_gemm switches at run
+// time (std::invalid_argument for a name not in lm_head_gemms_available()); results agree to
+// rounding (f32 sums in another order), each choice bitwise reproducible on its own.
+std::string lm_head_gemm();
+std::vector<std::string> lm_head_gemms_available();
+void set_lm_head_gemm(const std::string& name);
 
 // Bytes of scratch the CPU kernels need for this shape and thread count (forward or backward).
 std::size_t lm_head_logprobs_workspace_cpu(const LmHeadShape& shape, int num_threads,
