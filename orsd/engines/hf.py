@@ -123,14 +123,15 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
                          is_causal=None, **kwargs):
     """transformers' sdpa attention, except for a decode step (one query token) of a grouped-query
     model: there the query heads that share a key/value head become query rows of that head, and
-    the scores are taken on the cache as it is stored, never copied or cast.
+    SDPA runs on the cache as it is stored, never repeated.
 
     For that step transformers repeats every key/value head `num_key_value_groups` times when a
-    padding mask is present (a copy of the whole cache per layer per token), and under bf16
-    autocast SDPA also casts the cache's keys (fp32 after the rotary embedding) to bf16: on the
-    2-core CPU that was ~12 ms per layer for 4 rows of 950 cached tokens, against ~0.5 ms here.
-    Head h = kv·groups + g is repeat_kv's order, so the output is the same. Prefill and anything
-    unusual (dropout, a per-head mask, position bias, paged caches) go to transformers' function."""
+    padding mask is present (a copy of the whole cache per layer per token): on the 2-core CPU that
+    was ~12 ms per layer for 4 rows of 950 cached tokens, against ~0.5 ms here. Head
+    h = kv·groups + g is repeat_kv's order, so the output is the same. Query, keys and values meet
+    in the values' dtype, as autocast's SDPA would cast them (engines/kv_cache.py already stores
+    keys so, so nothing is copied). Prefill and anything unusual (dropout, a per-head mask,
+    position bias, paged caches) go to transformers' function."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
@@ -141,14 +142,15 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    rows = query.reshape(batch, key.shape[1], groups, dim)  # [B, KV, G, D]
-    with torch.autocast(query.device.type, enabled=False):  # the cache in its own dtypes
-        scores = torch.matmul(rows.to(key.dtype), key.transpose(-1, -2)).float()  # [B, KV, G, L]
-        scores = scores * (scaling if scaling is not None else dim ** -0.5)
-        if attention_mask is not None:  # [B, 1, 1, L]: the same for every head and row
-            mask = attention_mask[:, :, :, :key.shape[-2]]
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        out = torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)  # [B, KV, G, D]
+    dtype = value.dtype
+    rows = query.reshape(batch, key.shape[1], groups, dim).to(dtype)  # [B, KV, G, D]
+    mask = None
+    if attention_mask is not None:  # [B, 1, 1, L]: the same for every head and row
+        mask = attention_mask[:, :, :, :key.shape[-2]]
+        mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+    with torch.autocast(query.device.type, enabled=False):
+        out = torch.nn.functional.scaled_dot_product_attention(rows, key.to(dtype), value, attn_mask=mask,
+                                                               scale=scaling)  # [B, KV, G, D]
     return out.reshape(batch, 1, heads, dim), None  # [B, T=1, H, D], as transformers returns it
 
 

@@ -54,7 +54,8 @@ def test_decode_attention_equals_transformers_sdpa():
         got, _ = gqa_decode_attention(module, query, key, value, attention_mask, scaling=0.25)
         assert got.shape == expected.shape == (3, 1, 6, 16)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    # under bf16 autocast the cache holds fp32 keys (after the rotary embedding) and bf16 values
+    # under bf16 autocast keys leave the rotary embedding in fp32, values in bf16 (the reserved cache
+    # stores both in bf16; a plain DynamicCache does not): both meet in bf16, as in autocast's sdpa
     with torch.autocast("cpu", dtype=torch.bfloat16):
         expected, _ = sdpa_attention_forward(module, query, key, value.bfloat16(), mask, scaling=0.25)
         got, _ = gqa_decode_attention(module, query, key, value.bfloat16(), mask, scaling=0.25)
@@ -129,6 +130,45 @@ def test_reserved_layer_writes_in_place_and_adopts_outside_changes():
     for _ in range(5):  # past the reserved room: grows, keeps everything
         keys, _ = layer.update(step.repeat_interleave(2, dim=0), step.repeat_interleave(2, dim=0))
     assert keys.shape[2] == 12 and torch.equal(keys[0, :, :5], k[0])
+
+
+def test_reserved_layer_keeps_keys_in_the_values_dtype():
+    """Under bf16 autocast keys leave the rotary embedding in fp32 and values in bf16: the cache keeps
+    both in bf16 (what sdpa would cast them to), and same-dtype keys are stored as given."""
+    from orsd.engines.kv_cache import ReservedLayer
+
+    layer = ReservedLayer(capacity=8)
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4).bfloat16()
+    keys, values = layer.update(k, v)
+    assert keys.dtype == values.dtype == torch.bfloat16 and torch.equal(keys, k.bfloat16())
+    keys, _ = layer.update(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4).bfloat16())
+    assert keys.dtype == torch.bfloat16 and keys.shape[2] == 6 and layer._room[0].dtype == torch.bfloat16
+    same = ReservedLayer(capacity=8)
+    assert same.update(k, k)[0].dtype == torch.float32
+
+
+def test_generation_under_bf16_autocast_follows_transformers_sdpa(tiny_model, tiny_tokenizer, monkeypatch):
+    """bf16 autocast, as a CPU run generates: the reserved cache (bf16 keys) with the grouped-query
+    decode attention gives the ids and log-probs of transformers' DynamicCache (fp32 keys) with its
+    own sdpa, which casts the keys to bf16 at every step."""
+    import contextlib
+
+    from transformers.cache_utils import DynamicCache
+
+    from orsd.engines import hf, kv_cache
+
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False)
+               for text in ("the agent clicks", "Task: put a clean apple in the fridge.", "yes no")]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    sampling = Sampling(max_new_tokens=12, greedy=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = engine.generate(prompts, sampling)
+        monkeypatch.setattr(hf, "decode_attention", lambda model: contextlib.nullcontext())
+        monkeypatch.setattr(kv_cache, "reserved_cache", lambda model, capacity: DynamicCache(config=model.config))
+        plain = engine.generate(prompts, sampling)
+    for a, b in zip(fast, plain):
+        assert a.ids == b.ids and len(a.ids) > 1
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)  # equal on the dev box; SDPA kernels may round differently elsewhere
 
 
 def transformers_generate(model, prompts, pad_id, stop_ids, sampling):
