@@ -1,13 +1,16 @@
 """Seconds per stage of a GRPO step and an ORSD step on the same batch (issue 5's benchmark).
 
 One rollout is shared (the first, of up to 6 seeded draws, in which every group's rewards differ,
-so every group writes bundles and the ratio does not depend on chance); then a GRPO step and an
-ORSD step (Trainer.step with that rollout: advantages, bundles, verifier, alignment, paired replay,
-reference, update) run on it, each on its own copy of the policy. The verifier's time is reported apart: the target is
-ORSD/GRPO <= 1.25 excluding verifier calls, for the whole step (rollout included) and for the
-stages after the rollout.
+so every group writes bundles and the ratio does not depend on chance); then GRPO steps and ORSD
+steps (Trainer.step with that rollout: advantages, bundles, verifier, alignment, paired replay,
+reference, update) run on it, each method on its own copy of the policy, in the order GRPO, ORSD,
+ORSD, GRPO (`--rounds 2`, the default): a host whose speed drifts during the run (a shared VM's
+steal) then weighs on both methods alike, where one GRPO step before one ORSD step charged all of
+the drift to one of them. Stage seconds are the mean over each method's steps (every step is in
+`grpo_runs` / `orsd_runs`). The verifier's time is reported apart: the target is ORSD/GRPO <= 1.25
+excluding verifier calls, for the whole step (rollout included) and for the stages after it.
 
-    python benchmarks/step.py [section.key=value ...]   # defaults: the embedded CPU default
+    python benchmarks/step.py [--rounds N] [section.key=value ...]   # defaults: the CPU default
     writes benchmarks/results/step_<device>.json and prints a table
 
 Wall seconds hold only on idle cores; each step's process CPU seconds are recorded too (less
@@ -52,7 +55,22 @@ def timed_step(trainer: Trainer, groups) -> tuple:
     return result, time.process_time() - start
 
 
+def mean_seconds(runs: list[dict]) -> dict[str, float]:
+    """Each stage's mean seconds over a method's steps."""
+    return {k: sum(r["seconds"][k] for r in runs) / len(runs) for k in runs[0]["seconds"]}
+
+
+def _order(rounds: int) -> list[str]:
+    """The methods in the order the steps run: GRPO ORSD, then ORSD GRPO, and so on."""
+    return [n for r in range(rounds) for n in (("grpo", "orsd") if r % 2 == 0 else ("orsd", "grpo"))]
+
+
 def main(argv: list[str]) -> dict:
+    rounds = 2
+    if argv[:1] == ["--rounds"]:
+        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
+            raise SystemExit("benchmarks/step.py: --rounds takes an integer >= 1")
+        rounds, argv = int(argv[1]), argv[2:]
     config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
     host = machine()  # the load before this run adds its own
     orsd, warm_losses = build(config, None, None, log=lambda *_: None)
@@ -71,17 +89,20 @@ def main(argv: list[str]) -> dict:
             break
     else:
         raise SystemExit("benchmarks/step.py: no rollout out of 6 had differing rewards in every group")
-    # the same batch through both methods' whole step (each from the same initial weights)
-    grpo_result, grpo_cpu = timed_step(grpo, copy.deepcopy(groups))
-    grpo_seconds = grpo_result.seconds
-    orsd_result, orsd_cpu = timed_step(orsd, groups)
-    orsd_seconds = dict(orsd_result.seconds, _groups_with_bundle=orsd_result.metrics["groups_with_bundle"])
-    for seconds in (grpo_seconds, orsd_seconds):
-        seconds.pop("rollout", None)
-        seconds.pop("sync", None)
+    # the same batch through both methods' whole step, each method on its own policy (its first
+    # step from the initial weights, a later one from its own update), GRPO ORSD ORSD GRPO ...
+    runs: dict[str, list] = {"grpo": [], "orsd": []}
+    for name in _order(rounds):
+        step_result, cpu = timed_step(grpo if name == "grpo" else orsd, copy.deepcopy(groups))
+        seconds = {k: v for k, v in step_result.seconds.items() if k not in ("rollout", "sync")}
+        runs[name].append({"seconds": seconds, "cpu_seconds": cpu, "metrics": step_result.metrics})
+    grpo_seconds, orsd_seconds = mean_seconds(runs["grpo"]), mean_seconds(runs["orsd"])
+    orsd_result = runs["orsd"][0]["metrics"]
+    grpo_cpu = sum(r["cpu_seconds"] for r in runs["grpo"]) / len(runs["grpo"])
+    orsd_cpu = sum(r["cpu_seconds"] for r in runs["orsd"]) / len(runs["orsd"])
 
     def total(seconds, skip=()):
-        return sum(v for k, v in seconds.items() if not k.startswith("_") and k not in skip)
+        return sum(v for k, v in seconds.items() if k not in skip)
 
     grpo_after, orsd_after = total(grpo_seconds), total(orsd_seconds, ("verifier",))
     result = {
@@ -98,16 +119,20 @@ def main(argv: list[str]) -> dict:
         "records": sum(len(t.records) for g in groups for t in g.trajectories),
         "response_tokens": sum(len(r.response_ids) for g in groups for t in g.trajectories for r in t.records),
         "context_tokens": sum(len(r.context_ids) for g in groups for t in g.trajectories for r in t.records),
-        "groups_with_bundle": orsd_seconds.pop("_groups_with_bundle"),
-        "bundles_parsed": orsd_result.metrics["bundles_parsed"],
-        "valid_action_rate": orsd_result.metrics["valid_action_rate"],
+        "groups_with_bundle": orsd_result["groups_with_bundle"],
+        "bundles_parsed": orsd_result["bundles_parsed"],
+        "valid_action_rate": orsd_result["valid_action_rate"],
         "rollout_seconds": rollout_seconds,
-        "grpo_seconds": {k: v for k, v in grpo_seconds.items() if not k.startswith("_")},
+        "order": " ".join(_order(rounds)),
+        "grpo_seconds": grpo_seconds,
         "orsd_seconds": orsd_seconds,
+        "grpo_runs": [r["seconds"] for r in runs["grpo"]],
+        "orsd_runs": [r["seconds"] for r in runs["orsd"]],
         "verifier_seconds": orsd_seconds.get("verifier", 0.0),
         "ratio_after_rollout_excluding_verifier": orsd_after / grpo_after,
         "ratio_step_excluding_verifier": (rollout_seconds + orsd_after) / (rollout_seconds + grpo_after),
-        # CPU seconds of each whole step after the rollout (verifier included: its forwards are in-process)
+        # CPU seconds of a whole step after the rollout, mean per method (verifier included: its
+        # forwards are in-process)
         "grpo_cpu_seconds": grpo_cpu,
         "orsd_cpu_seconds": orsd_cpu,
         "load_average_after": list(os.getloadavg()),
@@ -127,6 +152,7 @@ def format_table(r: dict) -> str:
         rows.append(f"{name:<11} {'' if g is None else f'{g:8.2f}':>8} {'' if o is None else f'{o:8.2f}':>8}")
     rows.append(f"records {r['records']}, response tokens {r['response_tokens']}, context tokens "
                 f"{r['context_tokens']}, groups with a bundle {r['groups_with_bundle']:.0%}")
+    rows.append(f"steps in the order {r['order']} (stage seconds: the mean per method)")
     rows.append(f"ORSD/GRPO excluding verifier: whole step {r['ratio_step_excluding_verifier']:.2f}, "
                 f"after the rollout {r['ratio_after_rollout_excluding_verifier']:.2f} (target <= 1.25)")
     m = r["machine"]
