@@ -4,7 +4,9 @@ backward into hidden and the head; the entropy is a metric, as in orsd.train.rep
 
   torch_chunked  what orsd.train.replay.train_logprobs does today: token chunks of 1,024 under
                  torch.utils.checkpoint, logits = hidden @ W.T (bf16) -> .float() -> log_softmax;
-  torch_full     the plain way: all T x V logits at once, same math.
+  torch_full     the plain way: all T x V logits at once, same math;
+  orsd_own       (CPU with AVX512-BF16) the op with our own bf16 GEMM kernel forced, next to the
+                 `orsd` row's default choice (MKL's GEMM on a CPU with AMX, docs/ops.md).
 
 V = 151,936 (Qwen3's vocabulary), bf16. Every device also runs the quick case T = 512, H = 256
 (the only one under --orsd-quick). GPU: H = 2,048 and T in {2,048, 16,384, 32,768}. CPU (2
@@ -28,6 +30,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from orsd import _C
 from orsd.ops import lm_head_logprobs
 
 V = 151_936
@@ -36,7 +39,7 @@ QUICK_CASES = [(512, 256)]  # (T, H): --orsd-quick runs only this one
 CPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 256), (32_768, 128)]
 GPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 2048), (32_768, 2048)]
 CPU_RAM_LIMIT_FRACTION = 0.6  # torch_full needs ~5 copies of T x V f32; skip it beyond this share
-PROVIDERS = ("torch_chunked", "torch_full", "orsd")  # anchors first: the orsd row reads them
+PROVIDERS = ("torch_chunked", "torch_full", "orsd_own", "orsd")  # anchors first: the orsd row reads them
 
 
 def _chunk_logprobs(hidden, weight, targets):
@@ -66,7 +69,16 @@ def orsd(hidden, weight, targets):
     return lp, entropy.detach()
 
 
-STEPS = {"torch_chunked": torch_chunked, "torch_full": torch_full, "orsd": orsd}
+def orsd_own(hidden, weight, targets):
+    previous = _C.lm_head_gemm()
+    _C.set_lm_head_gemm("own")
+    try:
+        return orsd(hidden, weight, targets)
+    finally:
+        _C.set_lm_head_gemm(previous)
+
+
+STEPS = {"torch_chunked": torch_chunked, "torch_full": torch_full, "orsd_own": orsd_own, "orsd": orsd}
 
 _inputs: dict = {}
 _anchors: dict = {}
@@ -101,12 +113,15 @@ def fits_in_ram(T) -> bool:
 
 def cases(device_type):
     shapes = GPU_CASES if device_type == "cuda" else CPU_CASES
-    return [(T, H, p) for T, H in shapes for p in PROVIDERS]
+    providers = [p for p in PROVIDERS if device_type == "cpu" or p != "orsd_own"]
+    return [(T, H, p) for T, H in shapes for p in providers]
 
 
 def run_case(op_bench, quick, T, H, provider, device):
     if quick and (T, H) not in QUICK_CASES:
         pytest.skip("--orsd-quick runs only the smallest case")
+    if provider == "orsd_own" and "own" not in _C.lm_head_gemms_available():
+        pytest.skip("our own bf16 GEMM runs on a CPU with AVX512-BF16 only")
     if provider == "torch_full" and device.type == "cpu" and not fits_in_ram(T):
         pytest.skip(f"torch_full at T={T} needs ~{5 * T * V * 4 / 2**30:.0f} GiB of T x V tensors")
     dtype = torch.bfloat16
@@ -137,7 +152,8 @@ def run_case(op_bench, quick, T, H, provider, device):
     median_ms = op_bench.benchmark.stats.stats.median * 1e3
     _anchors[(case, provider)] = (median_ms, peak)
     if provider == "orsd":
-        for anchor in ("torch_chunked", "torch_full"):
+        info["gemm"] = _C.lm_head_gemm() if device.type == "cpu" else "cuda"
+        for anchor in ("torch_chunked", "torch_full", "orsd_own"):
             if (case, anchor) in _anchors:
                 anchor_ms, anchor_peak = _anchors[(case, anchor)]
                 info[f"time_vs_{anchor}"] = median_ms / anchor_ms
