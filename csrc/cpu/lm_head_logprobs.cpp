@@ -17,9 +17,10 @@
 // Each output element has one writer and one summation order: no atomics, and the bits do not
 // depend on the thread count.
 //
-// GEMMs: bf16 inputs with an even H on a CPU with AVX512-BF16 (and the avx512 row-math set in
-// use) run our own kernel (lm_head_logprobs_bf16.h) on operands packed here; everything else
-// calls the MKL GEMM the Python wrapper found in torch (passed by address).
+// GEMMs: bf16 inputs with an even H on a CPU with AVX512-BF16 but no AMX (and the avx512 row-math
+// set in use) run our own kernel (lm_head_logprobs_bf16.h) on operands packed here; everything else,
+// bf16 on an AMX CPU included (lm_head_gemm in orsd/lm_head_logprobs.h), calls the MKL GEMM the
+// Python wrapper found in torch (passed by address).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
