@@ -26,6 +26,7 @@ left-padded batched prefill and the model's own forward.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .packed import is_packed, packed_linears
@@ -125,12 +126,44 @@ def top_k_filter(scores: torch.Tensor, top_k: int) -> torch.Tensor:
 
 def top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """Scores outside the smallest set of tokens whose probability reaches `top_p` set to -inf
-    (transformers' TopPLogitsWarper, the same operations in the same order, so sampling matches)."""
+    (transformers' TopPLogitsWarper, the same operations in the same order, so sampling matches).
+
+    On a CPU the ascending sort comes from numpy's (vectorised) sort of the values, and the tokens
+    to drop are those below the first kept value (`_top_p_by_values`); where that cannot tell the
+    same tokens apart (a tie across the cut, a NaN) it takes transformers' index sort itself."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2:
+        filtered = _top_p_by_values(scores, top_p)
+        if filtered is not None:
+            return filtered
     sorted_scores, order = torch.sort(scores, descending=False)
     cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
     remove = cumulative <= (1 - top_p)
     remove[..., -1:] = False  # at least one token stays
     return scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+
+
+def _top_p_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor | None:
+    """top_p_filter from the sorted values alone, or None where that could differ from it.
+
+    transformers removes a prefix of the ascending order: the cumulative probability never
+    decreases, so `cumulative <= 1 - top_p` holds up to some position k and not after (the last
+    position is always kept). The cumulative depends only on the sorted values, which are the
+    same sequence whichever sort produced them, so k is the same; the removed tokens are then
+    exactly those scoring below the value at k, unless the value before k equals it (a tie across
+    the cut, where torch.sort's order of equal scores decides). torch.sort orders indices too: for
+    4 rows of SmolLM2's 49,152 scores 7–12 ms against numpy's 0.6–1.1 ms, at every bundle token."""
+    rows = scores.detach().contiguous()
+    if bool(torch.isnan(rows).any()):
+        return None
+    values = torch.from_numpy(np.sort(rows.numpy(), axis=-1))
+    remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+    remove[..., -1:] = False  # at least one token stays
+    cut = remove.sum(dim=-1, keepdim=True)  # [B, 1] removed positions per row
+    first_kept = values.gather(-1, cut)
+    last_removed = values.gather(-1, (cut - 1).clamp(min=0))
+    if bool(((cut > 0) & (last_removed == first_kept)).any()):
+        return None
+    return scores.masked_fill(scores < first_kept, float("-inf"))
 
 
 @torch.no_grad()

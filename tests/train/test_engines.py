@@ -407,3 +407,38 @@ def test_top_k_samples_only_the_k_most_likely_tokens(tiny_model, tiny_tokenizer)
     assert all(lp < -1.0 for lp in top1.logprobs)  # at temperature 5 no token is near-certain
     with pytest.raises(ValueError, match="sampling.top_k=-1"):
         engine.generate(prompts, Sampling(max_new_tokens=4, top_k=-1))
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_top_p_from_sorted_values_equals_transformers_warper(top_p):
+    """The CPU path sorts values only (numpy) and cuts at the first kept value: the mask must be
+    transformers' TopPLogitsWarper's, bit for bit, on SmolLM2-sized rows with banned (-inf) and
+    top-k-filtered tokens, and it must actually be that path that answered."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from orsd.engines.decode import _top_p_by_values, top_k_filter, top_p_filter
+
+    g = torch.Generator().manual_seed(int(top_p * 1000))
+    scores = torch.randn(6, 49_152, generator=g) * torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0, 3.0])[:, None]
+    scores[1, torch.randint(0, 49_152, (40,), generator=g)] = float("-inf")  # an n-gram ban
+    scores[5] = top_k_filter(scores[5:6], 50)[0]  # top-k before top-p, as in the decode loop
+    expected = TopPLogitsWarper(top_p)(None, scores.clone())
+    assert _top_p_by_values(scores, top_p) is not None
+    assert torch.equal(top_p_filter(scores, top_p), expected)
+    assert ((expected == float("-inf")).sum(-1) > (scores == float("-inf")).sum(-1)).any()  # the cut removes tokens
+
+
+def test_top_p_falls_back_to_the_index_sort_where_values_cannot_decide():
+    """A tie across the cut (which of the equal scores goes is torch.sort's order) and a NaN row
+    leave the values path (None); top_p_filter then is transformers' warper itself."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from orsd.engines.decode import _top_p_by_values, top_p_filter
+
+    tie = torch.tensor([[0.0, 1.0, 1.0, 1.0, 3.0]])  # cumulative 0.034, 0.127, 0.220, 0.313, 1
+    assert _top_p_by_values(tie, 0.85) is None  # 1 - 0.85 cuts between the first and second 1.0
+    assert torch.equal(top_p_filter(tie, 0.85), TopPLogitsWarper(0.85)(None, tie.clone()))
+    nan = torch.tensor([[0.0, float("nan"), 2.0]])
+    assert _top_p_by_values(nan, 0.5) is None
+    apart = torch.tensor([[0.0, 1.0, 1.5, 2.0, 3.0]])
+    assert torch.equal(_top_p_by_values(apart, 0.5), TopPLogitsWarper(0.5)(None, apart.clone()))
