@@ -70,9 +70,9 @@ def build(config, run_dir=None, resume_from=None, log=print):
     warm_losses, decided = [], None
     in_child = (resume_from is None and config.warm_start.enabled
                 and runs_in_child(config, where, dist is not None))
-    if in_child:  # before this process loads anything: the child's peak and ours are resident together
-        # meanwhile this process imports the model-loading code it will need (~3 s of one core, which
-        # the child's single-threaded imports leave free)
+    if in_child:  # before this process loads any weights: the child's peak and ours are resident together
+        # meanwhile this process imports the model-loading code it will need: ~3 s of a core that the
+        # child's single-threaded start leaves free, for ~180 MiB beside the child (docs/training.md)
         imports = threading.Thread(target=import_model_code, name="orsd-imports", daemon=True)
         imports.start()
         with contextlib.nullcontext(reference_dir) if reference_dir else tempfile.TemporaryDirectory() as out:
