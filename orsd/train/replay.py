@@ -339,29 +339,20 @@ class ReplayResult:
     frozen_states: tuple | None = None
 
 
-def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
-                  record_rubrics: list[list[int] | None], alpha: float, temperature: float,
-                  token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True,
-                  reuse_frozen: bool = False) -> ReplayResult:
-    """Log-probs of the same response tokens without and with the rubric spliced in at each
-    record's slot; their gap Δ shapes the token advantage (paper §3.3).
+@dataclass
+class PlainReplay:
+    """The plain-context pass alone: what GRPO needs, and what the rubric pass adds Δ to."""
 
-    `record_rubrics[s]` is the rubric message's token ids for record s, or None when its group has
-    no selected bundle (or splicing is impossible for it); such records keep A_GRPO (e = 0).
-    The plain pass runs with the weights that produced the rollout, so it doubles as π_old.
-    `share_prefix`: each pass along its own prefix tree (engines/prefill.py), so what records share
-    (the system prompt, a group's task and first observation, the context up to each turn's slot)
-    is forwarded once: on the default shape 9,817 → 3,732 tokens for the plain pass. The rubric
-    pass is a separate tree, so the plain log-probs never depend on which records have a rubric
-    (GRPO's replay is the same plain pass; ORSD at α = 0 gives its numbers bit for bit). Not under
-    ZeRO-3 (`lockstep`), whose ranks must run equal forwards. `reuse_frozen` (with share_prefix):
-    where the model's bottom layers are frozen, the plain pass runs them once per record
-    (prefill.bottom_states) and the layers above from their output, which the result keeps
-    (`frozen_states`) for the reference pass and the update.
-    """
+    packed: Packed
+    old_logprobs: torch.Tensor  # [L]
+    frozen_states: tuple | None = None  # see ReplayResult
+
+
+def plain_replay(model, records: list[TurnRecord], temperature: float, token_budget: int, fused: bool = True,
+                 lockstep=None, share_prefix: bool = True, reuse_frozen: bool = False) -> PlainReplay:
+    """Log-probs of the response tokens in their own contexts, with the weights that produced the
+    rollout (π_old). `reuse_frozen`: see paired_replay."""
     packed = pack(records)
-    spliced = splice_privileged(packed, records, record_rubrics)
-    eligible, pos_map = spliced.eligible, spliced.pos_map
     states = None
     split = frozen.frozen_layers(model) if reuse_frozen and share_prefix and lockstep is None else 0
     if split and prefill.serves(model) and frozen.serves(model, split):
@@ -370,6 +361,36 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
         states = (split, prefill.bottom_states(model, sequences, split, token_budget))
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
                           token_budget, fused, lockstep, share_prefix, states)
+    return PlainReplay(packed, old, states)
+
+
+def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
+                  record_rubrics: list[list[int] | None], alpha: float, temperature: float,
+                  token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True,
+                  reuse_frozen: bool = False, plain: PlainReplay | None = None) -> ReplayResult:
+    """Log-probs of the same response tokens without and with the rubric spliced in at each
+    record's slot; their gap Δ shapes the token advantage (paper §3.3).
+
+    `record_rubrics[s]` is the rubric message's token ids for record s, or None when its group has
+    no selected bundle (or splicing is impossible for it); such records keep A_GRPO (e = 0).
+    The plain pass runs with the weights that produced the rollout, so it doubles as π_old; `plain`
+    is that pass when it already ran (plain_replay on the same records: the trainer runs it beside
+    the bundle writing). `share_prefix`: each pass along its own prefix tree (engines/prefill.py), so
+    what records share (the system prompt, a group's task and first observation, the context up to
+    each turn's slot) is forwarded once: on the default shape 9,817 → 3,732 tokens for the plain
+    pass. The rubric pass is a separate tree, so the plain log-probs never depend on which records
+    have a rubric (GRPO's replay is the same plain pass; ORSD at α = 0 gives its numbers bit for
+    bit, in bf16 on a CPU only on the same thread count, which replay.overlap changes). Not under
+    ZeRO-3 (`lockstep`), whose ranks must run equal forwards. `reuse_frozen` (with share_prefix):
+    where the model's bottom layers are frozen, the plain pass runs them once per record
+    (prefill.bottom_states) and the layers above from their output, which the result keeps
+    (`frozen_states`) for the reference pass and the update.
+    """
+    if plain is None:
+        plain = plain_replay(model, records, temperature, token_budget, fused, lockstep, share_prefix, reuse_frozen)
+    packed, old = plain.packed, plain.old_logprobs
+    spliced = splice_privileged(packed, records, record_rubrics)
+    eligible, pos_map = spliced.eligible, spliced.pos_map
     if eligible.any() or lockstep:
         with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
                                       temperature, token_budget, fused, lockstep, share_prefix)
@@ -383,4 +404,4 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
                                                  dtype=torch.float32)
     scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
     gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
-    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout, states)
+    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout, plain.frozen_states)

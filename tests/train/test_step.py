@@ -2,6 +2,7 @@
 
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -194,9 +195,14 @@ def test_a_step_reusing_the_frozen_layers_states_takes_the_same_step(tiny_model,
         trainer = make_trainer(small_config("method.name=orsd", "optim.train_layers=1", "optim.kl_coef=0.05",
                                             f"replay.reuse_frozen={str(reuse).lower()}"), model, tiny_tokenizer)
         calls, stage = [], [None]
-        model.model.layers[0].register_forward_hook(lambda *_: calls.append(stage[0]))
+
+        def hook(*_):  # bundles are written on a thread of their own (replay.overlap), by a twin
+            if threading.current_thread() is threading.main_thread():  # holding this hook too
+                calls.append(stage[0])
+
+        model.model.layers[0].register_forward_hook(hook)
         # the reference also serves as the local verifier: only its runs within the reference pass count
-        trainer.reference.model.layers[0].register_forward_hook(lambda *_: calls.append(stage[0]))
+        trainer.reference.model.layers[0].register_forward_hook(hook)
 
         def labelled(name, fn):
             def call(*args, **kwargs):

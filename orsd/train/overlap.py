@@ -1,0 +1,124 @@
+"""Writing bundles beside the plain pass (`replay.overlap`).
+
+On a CPU the policy's decode steps are bound by one core, not two: on the 2-core Xeon a 4-row,
+128-token bundle decode takes 8.8–10.1 s on one thread and 8.7–11.0 s on two (same process,
+alternating). The plain-context replay and the reference pass do not depend on the bundles, so
+while one core writes them the other runs those passes; the verifier, the rubric pass and the
+update come after, on both cores as before. Measured on the same model and prompts: a bundle decode
+and six 1,000-token forwards 15.7–18.5 s one after the other on two threads, 11.2–12.7 s side by
+side on one thread each.
+
+The bundle writer decodes with a `twin` of its model: module objects of its own over the same
+parameter and buffer tensors, because decoding sets state on modules (eval mode, the attention
+implementation, packed forwards: engines/hf.py, engines/packed.py) that the plain pass, running on
+the policy at the same time, must not see. Intra-op threads are per thread in torch's OpenMP
+backend, so each side sets its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+
+
+def serves(trainer) -> bool:
+    """One process on a CPU with at least two intra-op threads that can be set per thread, the hf
+    engine, and a method that writes bundles. vLLM's in-process CPU worker replaces
+    `torch.set_num_threads` with a no-op once it has bound its threads, for the whole process; the
+    two sides would then each run on every core."""
+    from orsd.engines.hf import HfEngine
+
+    return (trainer.dist is None and isinstance(trainer.engine, HfEngine) and trainer.method.writes_bundles
+            and torch.set_num_threads is torch._C.set_num_threads and torch.get_num_threads() >= 2
+            and next(trainer.policy.parameters()).device.type == "cpu")
+
+
+def write_beside_plain(trainer, groups: list) -> tuple[list, object, torch.Tensor | None]:
+    """The policy writes `groups`' bundles (the method decides which) on a thread of its own, through
+    a twin of the writer's model, while this thread runs the plain pass and then the reference pass,
+    each side on one intra-op thread. Returns (candidates, plain, reference or None). Where no group
+    needs bundles the plain pass runs on all threads and the reference pass is left for later, as
+    without overlap. The reference pass runs beside the bundles even when they are written before the
+    plain pass ends: the thread count is part of a bf16 result, so where a pass runs must not depend
+    on timing."""
+    from orsd.train.model import autocast
+
+    writer = trainer.method.bundle_writer
+    own = trainer.bundle_engine(writer)
+    engine = copy.copy(own)
+    engine.model = twin(own.model)  # made here, before the passes below toggle the policy's modules
+
+    def work(started):
+        def write(todo: list, count: int, asked: str) -> list:
+            if todo:
+                started()
+            return trainer.write_bundles(todo, count, asked, engine if asked == writer else None)
+        return trainer.method.write_bundles(groups, write)
+
+    threads, reference = torch.get_num_threads(), None
+    worker = Beside(work, lambda: autocast(trainer.policy, trainer.config.model.autocast))
+    try:
+        beside = worker.busy()  # False: no group needed bundles
+        torch.set_num_threads(1 if beside else threads)
+        plain = trainer.plain_pass(groups)
+        if beside:
+            reference = trainer.reference_logprobs(plain)
+    finally:
+        worker.join()
+        torch.set_num_threads(threads)
+    return worker.result(), plain, reference
+
+
+def twin(model: torch.nn.Module) -> torch.nn.Module:
+    """A module tree of its own over `model`'s parameter and buffer tensors (nothing is copied but
+    the modules and their config): an update in place reaches both, while what a caller sets on a
+    module (train/eval, the attention implementation, an instance `forward`) stays on one."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, shared)
+
+
+class Beside:
+    """`work()` on a thread of its own with one intra-op thread, under `context()` (the caller's
+    autocast is per thread and does not reach it). `busy()` says, once the work has either started
+    its real job (it calls `started()`) or finished, whether it is still running; `result()` joins
+    and returns what it returned, raising what it raised."""
+
+    def __init__(self, work: Callable[[Callable[[], None]], object],
+                 context: Callable[[], AbstractContextManager]):
+        self._work, self._context = work, context
+        self._decided, self._done = threading.Event(), threading.Event()
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="orsd-bundles", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        torch.set_num_threads(1)
+        try:
+            with self._context():
+                self._value = self._work(self._decided.set)
+        except BaseException as error:  # re-raised on the caller's thread by result()
+            self._error = error
+        finally:
+            self._done.set()
+            self._decided.set()
+
+    def busy(self) -> bool:
+        """Waits until the work has started its job or ended; True while it runs."""
+        self._decided.wait()
+        return not self._done.is_set()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
