@@ -1,12 +1,14 @@
 """Writing bundles beside the plain pass (`replay.overlap`).
 
-On a CPU the policy's decode steps are bound by one core, not two: on the 2-core Xeon a 4-row,
-128-token bundle decode takes 8.8–10.1 s on one thread and 8.7–11.0 s on two (same process,
-alternating). The plain-context replay and the reference pass do not depend on the bundles, so
-while one core writes them the other runs those passes; the verifier, the rubric pass and the
-update come after, on both cores as before. Measured on the same model and prompts: a bundle decode
-and six 1,000-token forwards 15.7–18.5 s one after the other on two threads, 11.2–12.7 s side by
-side on one thread each.
+On a CPU a decode step is no faster on two threads than on one: on the 2-core AMD EPYC
+(2026-12-03) a 4-row, 128-token bundle decode took 8.8–10.1 s on one thread and 8.7–11.0 s on two
+(same process, alternating). The plain-context replay and the reference pass do not depend on the
+bundles, so while one core writes them the other runs those passes; the verifier, the rubric pass
+and the update come after, on both cores as before. There, a bundle decode and six 1,000-token
+forwards took 15.7–18.5 s one after the other on two threads and 11.2–12.7 s side by side on one
+thread each, and the default step's bundles, replay and reference 24.8 → 19.7 s (docs/training.md).
+On the Intel Xeon of the day before, a decode and a plain pass side by side had been slower than
+one after the other (24.0 against 18.6 s): `replay.overlap=false` turns this off.
 
 The bundle writer decodes with a `twin` of its model: module objects of its own over the same
 parameter and buffer tensors, because decoding sets state on modules (eval mode, the attention
