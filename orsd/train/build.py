@@ -109,7 +109,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
                       ds_engine=ds_engine)
     trainer.environment["ops_self_check"] = ops_check
     trainer.environment["overlap"] = trainer.overlaps()  # replay.overlap where it serves (train/overlap.py)
-    log(f"overlap: bundles {'beside the plain and reference passes' if trainer.overlaps() else 'before the passes'}")
+    if trainer.overlaps():
+        log("overlap: the policy writes bundles beside the plain and reference passes (replay.overlap)")
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
     trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                                                  "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
