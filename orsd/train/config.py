@@ -244,6 +244,11 @@ class RubricConfig:
     context_template: str = doc("", "file overriding the privileged rubric message ('' = built-in)",
                                 text="'' or an existing file")
     context_role: str = doc("system", "chat role of the spliced rubric message", choices=("system", "user"))
+    placement: str = doc("observation", "where each turn's context takes the rubric message (and a distillation "
+                         "teacher's privileged text): observation (before the turn's current observation, next "
+                         "to the decision; the paper does not fix it) | task (after the system prompt, before "
+                         "the task: a task's turns share it, so the rubric pass costs about the plain pass; "
+                         "docs/training.md)", choices=("observation", "task"))
     no_repeat_ngram_size: int = doc(0, "hf engine only: ban repeated n-grams of this size in bundles "
                                     "(0 = off, the paper; bundle tokens are never trained on)", ge=0,
                                     text="0, or a size >= 1 with rollout.engine=hf (vLLM cannot ban n-grams)")

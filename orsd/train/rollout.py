@@ -31,14 +31,23 @@ def message_boundary(tokenizer, messages: list[dict], index: int, full_ids: list
     return len(prefix) if full_ids[:len(prefix)] == prefix else -1
 
 
+PLACEMENTS = ("observation", "task")
+
+
 def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: int,
-                  max_history_turns: int = 0, templates=None) -> tuple[list[int], int, bool]:
+                  max_history_turns: int = 0, templates=None,
+                  placement: str = "observation") -> tuple[list[int], int, bool]:
     """(context ids, rubric slot, history dropped?) for the trajectory's next turn.
 
-    The slot is the boundary before the last user message (the current observation), so the
-    rubric sits next to the decision it should inform. The oldest (action, observation) pairs are
-    dropped, after the task message, until the context fits `max_context_tokens`.
+    The slot (`rubric.placement`) is the boundary before the last user message, the current
+    observation ("observation": the rubric sits next to the decision it should inform), or before
+    the task message, after the system prompt ("task": every turn of a task shares the context up
+    to and with the rubric, so the rubric pass forwards it once along the prefix tree). On the
+    first turn the two coincide. The oldest (action, observation) pairs are dropped, after the task
+    message, until the context fits `max_context_tokens`.
     """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement: {placement!r}; expected one of {PLACEMENTS}")
     messages = build_messages(env, trajectory.task, trajectory.observations, trajectory.actions,
                               env.admissible_actions(), templates)
     head, history, last = messages[:2], messages[2:-1], messages[-1:]
@@ -53,12 +62,14 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
         if len(ids) <= max_context_tokens or not history:
             break
         history, dropped = history[2:], True  # drop one (assistant, user) pair
-    return ids, message_boundary(tokenizer, kept, len(kept) - 1, ids), dropped
+    index = len(kept) - 1 if placement == "observation" else 1  # kept[1]: the task message
+    return ids, message_boundary(tokenizer, kept, index, ids), dropped
 
 
 def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
             max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-            key_prefix: str = "", group_offset: int = 0, templates=None) -> list[Group]:
+            key_prefix: str = "", group_offset: int = 0, templates=None,
+            placement: str = "observation") -> list[Group]:
     """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
 
     Request keys are `<key_prefix>:<global group index>:<sample>:<turn>` (see RolloutEngine)."""
@@ -77,7 +88,7 @@ def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int,
     horizon = max_actions or env.max_actions
     while live:
         contexts = [build_context(tokenizer, fork, t, max_context_tokens - sampling.max_new_tokens,
-                                  max_history_turns, templates) for t, fork, _ in live]
+                                  max_history_turns, templates, placement) for t, fork, _ in live]
         keys = [f"{key}:{len(t.actions)}" for t, _, key in live]
         generations = engine.generate([ids for ids, _, _ in contexts], sampling, keys)
         trim_heap()  # each turn's KV cache has another size: glibc would keep the last one's pages

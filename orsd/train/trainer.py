@@ -176,7 +176,7 @@ class Trainer:
         return rollout(self.engine, self.tokenizer, self.env, tasks, r.group_size,
                        Sampling(r.temperature, r.top_p, r.max_new_tokens, top_k=r.top_k), r.max_context_tokens,
                        cfg.env.max_actions, cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
-                       self.templates)
+                       self.templates, cfg.rubric.placement)
 
     def write_bundles(self, groups: list[Group], count: int, writer: str, engine: HfEngine | None = None) -> list:
         """`count` bundles per group, by the current policy or (writer="initial") the frozen initial

@@ -83,6 +83,32 @@ def test_spliced_context_equals_the_template_with_the_rubric_message_inserted(sm
     assert torch.equal(new_ids[pos_map], ids)
 
 
+@pytest.mark.parametrize("history", [0, 1])
+def test_task_placement_splices_the_rubric_after_the_system_prompt(smol_tokenizer, history):
+    episode, task, trajectory = shop_episode_state(smol_tokenizer)
+    context, slot, dropped = build_context(smol_tokenizer, episode, trajectory, 8192, history, placement="task")
+    _, observation_slot, _ = build_context(smol_tokenizer, episode, trajectory, 8192, history)
+    assert dropped == bool(history) and 0 < slot < observation_slot
+    messages = build_messages(episode, task, trajectory.observations, trajectory.actions, episode.admissible_actions())
+    if history:
+        messages = messages[:2] + messages[-3:]  # the task message, one (action, observation) pair, the last
+    assert context == render(smol_tokenizer, messages)
+    rubric = rubric_ids(smol_tokenizer, RUBRIC_TEXT, "system")
+    with_rubric = messages[:1] + [{"role": "system", "content": RUBRIC_TEXT}] + messages[1:]
+    assert render(smol_tokenizer, with_rubric) == context[:slot] + rubric + context[slot:]
+    # every turn of the task, the first included, gets the same slot: what precedes it is the system prompt
+    first = type(trajectory)(task=task, observations=trajectory.observations[:1], actions=[])
+    first_context, first_slot, _ = build_context(smol_tokenizer, episode, first, 8192, history, placement="task")
+    assert first_slot == slot and first_context[:slot] == context[:slot]
+    assert first_slot == build_context(smol_tokenizer, episode, first, 8192, history)[1]
+
+
+def test_an_unknown_placement_is_refused(smol_tokenizer):
+    episode, _, trajectory = shop_episode_state(smol_tokenizer)
+    with pytest.raises(ValueError, match="placement.*'observation', 'task'"):
+        build_context(smol_tokenizer, episode, trajectory, 8192, placement="start")
+
+
 def test_history_is_dropped_oldest_first_to_fit(smol_tokenizer):
     episode, task, trajectory = shop_episode_state(smol_tokenizer)
     full, _, _ = build_context(smol_tokenizer, episode, trajectory, 8192)

@@ -96,10 +96,13 @@ def lp_of_response(model, context, response, temperature):
     return lp[-len(response):]
 
 
-def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("placement", ["observation", "task"])
+def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(placement, tiny_model, tiny_tokenizer):
     """A scripted verifier forces B* = bundle 0; Δ, e and A = A_GRPO + α·e·Δ (Eq. 8–9) are then
-    checked by hand on a response token against plain forwards of the two contexts."""
-    config = small_config("method.name=orsd", "rubric.alpha=0.5", "rollout.temperature=0.8")
+    checked by hand on every record of the first trajectory against plain forwards of the two
+    contexts, with the rubric before each turn's observation or before the task."""
+    config = small_config("method.name=orsd", "rubric.alpha=0.5", "rollout.temperature=0.8",
+                          f"rubric.placement={placement}")
     verifier = ScriptedVerifier()
     trainer = make_trainer(config, tiny_model, tiny_tokenizer, verifier)
     initial = frozen_copy(tiny_model)  # the replay runs under the rollout weights, before the update
@@ -108,23 +111,30 @@ def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(tiny_model, 
     assert verifier.calls == 2
     assert [s.index for s in out.selection] == [0, 0]
     assert all(s.rho[0] > 0 > s.rho[1] for s in out.selection)
-    group, record = result.groups[0], result.groups[0].trajectories[0].records[0]
+    group = result.groups[0]
+    records = group.trajectories[0].records
+    assert len(records) >= 2  # a later turn, where the two placements differ
+    slots = {r.rubric_slot for t in group.trajectories for r in t.records}
+    if placement == "task":  # after the system prompt: the same slot on every turn of the task
+        assert len(slots) == 1
+    else:
+        assert len(slots) > 1 and min(slots) == records[0].rubric_slot
     bundle = out.candidates[0].bundles[0]
     rubric_ids = rubric.rubric_context(bundle)
     from orsd.train.bundles import rubric_ids as ids_of
 
     spliced = ids_of(tiny_tokenizer, rubric_ids, "system")
-    context_with = record.context_ids[:record.rubric_slot] + spliced + record.context_ids[record.rubric_slot:]
-    lp_without = lp_of_response(initial, record.context_ids, record.response_ids, 0.8)
-    lp_with = lp_of_response(initial, context_with, record.response_ids, 0.8)
-    start = len(record.context_ids)  # record 0 is first in the packing
-    span = slice(start, start + len(record.response_ids))
-    replay = out.replay
-    assert replay.valid[span].all()  # e = 1 on every response token of an eligible record
-    assert replay.delta[span].double() == pytest.approx(lp_with - lp_without, abs=1e-5)
-    a_grpo = out.advantages.episode[0][0]
-    assert replay.advantages[span].double() == pytest.approx(a_grpo + 0.5 * (lp_with - lp_without), abs=1e-5)
-    assert (lp_with - lp_without).abs().max() > 1e-4  # the rubric really changes the log-probs
+    replay, a_grpo = out.replay, out.advantages.episode[0][0]
+    for index, record in enumerate(records):  # group 0's first trajectory leads the packing
+        context_with = record.context_ids[:record.rubric_slot] + spliced + record.context_ids[record.rubric_slot:]
+        lp_without = lp_of_response(initial, record.context_ids, record.response_ids, 0.8)
+        lp_with = lp_of_response(initial, context_with, record.response_ids, 0.8)
+        start = int(replay.packed.cu_seqlens[index]) + len(record.context_ids)
+        span = slice(start, start + len(record.response_ids))
+        assert replay.valid[span].all()  # e = 1 on every response token of an eligible record
+        assert replay.delta[span].double() == pytest.approx(lp_with - lp_without, abs=1e-5)
+        assert replay.advantages[span].double() == pytest.approx(a_grpo + 0.5 * (lp_with - lp_without), abs=1e-5)
+        assert (lp_with - lp_without).abs().max() > 1e-4  # the rubric really changes the log-probs
     assert result.records[0]["selected"] == 0 and result.records[0]["delta_example"]["turns"]
 
 
