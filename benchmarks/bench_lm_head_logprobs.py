@@ -5,8 +5,13 @@ backward into hidden and the head; the entropy is a metric, as in orsd.train.rep
   torch_chunked  what orsd.train.replay.train_logprobs does today: token chunks of 1,024 under
                  torch.utils.checkpoint, logits = hidden @ W.T (bf16) -> .float() -> log_softmax;
   torch_full     the plain way: all T x V logits at once, same math;
-  orsd_own       (CPU with AVX512-BF16) the op with our own bf16 GEMM kernel forced, next to the
-                 `orsd` row's default choice (MKL's GEMM on a CPU with AMX, docs/ops.md).
+  orsd_own       the op with our own GEMM kernels forced, next to the `orsd` row's default choice:
+                 on CPU (with AVX512-BF16) our bf16 kernel vs MKL's (the default with AMX); on
+                 CUDA our WMMA kernel vs cuBLAS (the default, docs/ops.md);
+  cce, cce_exact (CUDA, when the `cut-cross-entropy` package is importable) Apple's Cut
+                 Cross-Entropy, linear_cross_entropy(reduction="none") = -lp, with its default
+                 gradient filter (filter_eps="high": skips tiles of tiny probabilities) and
+                 without it (exact); it computes no entropy.
 
 V = 151,936 (Qwen3's vocabulary), bf16. Every device also runs the quick case T = 512, H = 256
 (the only one under --orsd-quick). GPU: H = 2,048 and T in {2,048, 16,384, 32,768}. CPU (2
@@ -24,6 +29,7 @@ row (run last in its case) records its time and memory relative to the two torch
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -33,13 +39,19 @@ from torch.utils.checkpoint import checkpoint
 from orsd import _C
 from orsd.ops import lm_head_logprobs
 
+lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module (the package exports the function)
+try:
+    from cut_cross_entropy import linear_cross_entropy
+except ImportError:  # an optional anchor: its rows are left out
+    linear_cross_entropy = None
+
 V = 151_936
 CHUNK_TOKENS = 1024  # orsd.train.replay.train_logprobs' default
 QUICK_CASES = [(512, 256)]  # (T, H): --orsd-quick runs only this one
 CPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 256), (32_768, 128)]
 GPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 2048), (32_768, 2048)]
 CPU_RAM_LIMIT_FRACTION = 0.6  # torch_full needs ~5 copies of T x V f32; skip it beyond this share
-PROVIDERS = ("torch_chunked", "torch_full", "orsd_own", "orsd")  # anchors first: the orsd row reads them
+PROVIDERS = ("torch_chunked", "torch_full", "cce", "cce_exact", "orsd_own", "orsd")  # anchors first: orsd reads them
 
 
 def _chunk_logprobs(hidden, weight, targets):
@@ -70,6 +82,13 @@ def orsd(hidden, weight, targets):
 
 
 def orsd_own(hidden, weight, targets):
+    if hidden.is_cuda:
+        previous = lm_head.cuda_gemm()
+        lm_head.set_cuda_gemm("own")
+        try:
+            return orsd(hidden, weight, targets)
+        finally:
+            lm_head.set_cuda_gemm(previous)
     previous = _C.lm_head_gemm()
     _C.set_lm_head_gemm("own")
     try:
@@ -78,7 +97,16 @@ def orsd_own(hidden, weight, targets):
         _C.set_lm_head_gemm(previous)
 
 
-STEPS = {"torch_chunked": torch_chunked, "torch_full": torch_full, "orsd_own": orsd_own, "orsd": orsd}
+def cce(hidden, weight, targets):
+    return -linear_cross_entropy(hidden, weight, targets, reduction="none"), None
+
+
+def cce_exact(hidden, weight, targets):
+    return -linear_cross_entropy(hidden, weight, targets, reduction="none", filter_eps=None), None
+
+
+STEPS = {"torch_chunked": torch_chunked, "torch_full": torch_full, "cce": cce, "cce_exact": cce_exact,
+         "orsd_own": orsd_own, "orsd": orsd}  # fmt: skip
 
 _inputs: dict = {}
 _anchors: dict = {}
@@ -112,11 +140,12 @@ def fits_in_ram(T) -> bool:
 
 
 def cases(device_type):
-    """orsd_own is a CPU row, and only where our kernel can run: a provider that does not exist
-    here is left out rather than reported as skipped."""
+    """orsd_own only where our kernel can run (on CPU, AVX512-BF16), cce only on CUDA with the
+    package: a provider that does not exist here is left out rather than reported as skipped."""
     shapes = GPU_CASES if device_type == "cuda" else CPU_CASES
-    own = device_type == "cpu" and "own" in _C.lm_head_gemms_available()
-    providers = [p for p in PROVIDERS if p != "orsd_own" or own]
+    own = device_type == "cuda" or "own" in _C.lm_head_gemms_available()
+    have_cce = device_type == "cuda" and linear_cross_entropy is not None
+    providers = [p for p in PROVIDERS if (p != "orsd_own" or own) and (not p.startswith("cce") or have_cce)]
     return [(T, H, p) for T, H in shapes for p in providers]
 
 
@@ -153,8 +182,10 @@ def run_case(op_bench, quick, T, H, provider, device):
     median_ms = op_bench.benchmark.stats.stats.median * 1e3
     _anchors[(case, provider)] = (median_ms, peak)
     if provider == "orsd":
-        info["gemm"] = _C.lm_head_gemm() if device.type == "cpu" else "cuda"
-        for anchor in ("torch_chunked", "torch_full", "orsd_own"):
+        info["gemm"] = _C.lm_head_gemm() if device.type == "cpu" else lm_head.cuda_gemm()
+        if device.type == "cuda":  # 8 T H V flops: forward, the backward's recompute and two GEMMs
+            info["tflops"] = 8 * T * H * V / (median_ms * 1e-3) / 1e12
+        for anchor in ("torch_chunked", "torch_full", "cce", "cce_exact", "orsd_own"):
             if (case, anchor) in _anchors:
                 anchor_ms, anchor_peak = _anchors[(case, anchor)]
                 info[f"time_vs_{anchor}"] = median_ms / anchor_ms

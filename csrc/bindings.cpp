@@ -245,25 +245,26 @@ PYBIND11_MODULE(_C, m) {
         });
   m.def("lm_head_logprobs_forward_cuda",
         [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
-           float scale, float softcap, Ptr out_lp, Ptr out_lse, Ptr out_entropy, Ptr workspace,
-           std::size_t workspace_bytes, int device, Ptr stream) {
+           float scale, float softcap, Ptr out_lp, Ptr out_lse, Ptr out_entropy, Ptr gemm_ex,
+           Ptr blas_handle, Ptr workspace, std::size_t workspace_bytes, int device, Ptr stream) {
           orsd::lm_head_logprobs_forward_cuda(
               as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
               as<const int64_t>(targets), {scale, softcap}, as<float>(out_lp), as<float>(out_lse),
-              as<float>(out_entropy), as<void>(workspace), workspace_bytes, device,
-              as_stream(stream));
+              as<float>(out_entropy), as<const void>(gemm_ex), as<void>(blas_handle),
+              as<void>(workspace), workspace_bytes, device, as_stream(stream));
         }, nogil);
   m.def("lm_head_logprobs_backward_cuda",
         [](Ptr hidden, Ptr weight, int64_t T, int64_t V, int64_t H, int dtype, Ptr targets,
            float scale, float softcap, Ptr lse, Ptr entropy, Ptr grad_lp, Ptr grad_entropy,
-           Ptr grad_hidden, Ptr grad_weight, Ptr workspace, std::size_t workspace_bytes,
-           int device, Ptr stream) {
+           Ptr grad_hidden, Ptr grad_weight, Ptr gemm_ex, Ptr blas_handle, Ptr workspace,
+           std::size_t workspace_bytes, int device, Ptr stream) {
           orsd::lm_head_logprobs_backward_cuda(
               as<const void>(hidden), as<const void>(weight), lm_head_shape(T, V, H, dtype),
               as<const int64_t>(targets), {scale, softcap}, as<const float>(lse),
               as<const float>(entropy), as<const float>(grad_lp), as<const float>(grad_entropy),
-              as<void>(grad_hidden), as<void>(grad_weight), as<void>(workspace), workspace_bytes,
-              device, as_stream(stream));
+              as<void>(grad_hidden), as<void>(grad_weight), as<const void>(gemm_ex),
+              as<void>(blas_handle), as<void>(workspace), workspace_bytes, device,
+              as_stream(stream));
         }, nogil);
   m.def("microbatch_weights_cuda",
         [](Ptr mask, Ptr microbatch_ids, int64_t length, int64_t num_microbatches, Ptr counts,

@@ -88,6 +88,9 @@ def main() -> int:
             major, minor = torch.cuda.get_device_capability(index)
             gpu_rows.append((f"cuda:{index}", f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})"))
             devices.append(torch.device("cuda", index))
+        if report.get("cuda") == "native":
+            lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module, not the function
+            gpu_rows.append(("lm_head gemm", f"{lm_head.cuda_gemm()} (of {', '.join(lm_head.CUDA_GEMMS)})"))
         _print_table(gpu_rows)
     else:
         reason = "torch built without CUDA" if torch.version.cuda is None else "no device visible to torch"

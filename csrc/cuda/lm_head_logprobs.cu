@@ -1,6 +1,8 @@
 // lm_head_logprobs on CUDA (math in orsd/lm_head_logprobs.h): the same block structure as the CPU
-// kernel, on the caller's stream, with this module's own tiled GEMM (no cuBLAS: the module links
-// only the CUDA runtime).
+// kernel, on the caller's stream. The GEMMs go to cuBLAS's cublasGemmEx when the caller passes its
+// address and a handle (orsd/ops/lm_head_logprobs.py takes both from the torch in the process, as
+// the CPU kernel takes MKL's GEMM: this module links only the CUDA runtime and is built without
+// cuBLAS headers), else to this module's own tiled GEMM.
 //
 // Layout as on CPU: a logits block is z^T [vocabulary rows, tokens], so each token is a column.
 // Forward, per vocabulary block and token chunk: GEMM -> z^T chunk (f32 scratch) -> a column
@@ -9,46 +11,26 @@
 // the input dtype); then grad_hidden (f32) += gt^T W_block and grad_weight rows = gt hidden, each a
 // GEMM whose output tiles are owned by one thread block looping over all of K.
 // Every output element has one writer and one summation order: no atomics, reproducible bits.
-//
-// GEMM: 128 x 128 output tile per block of 8 warps, WMMA 16x16x16 tensor-core fragments with f32
-// accumulators for bf16/f16 (each warp 64 x 32), FFMA 4 x 4 per thread for f32 inputs (TF32 would
-// round the inputs; the contract is f32 logits of the given values). Operand tiles are staged in
-// shared memory in their global orientation (coalesced loads; transposes are fragment layouts).
-// A plain, unpipelined kernel: correct everywhere, not tuned (no GPU was available to tune it).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <mma.h>
-
+// The GEMMs (cuBLAS or our own) are in lm_head_gemm.cuh.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "cuda_utils.cuh"
+#include "lm_head_gemm.cuh"
 #include "orsd/lm_head_logprobs.h"
 
 namespace orsd {
 namespace {
-
-using namespace nvcuda;
 
 constexpr int64_t kVocabBlock = 4096;     // rows of gt: 4096 x T in the input dtype
 constexpr int64_t kChunkElements = 16LL << 20;  // z^T chunk: 64 MiB of f32
 constexpr float kExponentFloor = -86.0f;  // as on CPU: e^-86 is nothing next to the max term
 constexpr float kLog2e = 1.4426950408889634f;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 std::size_t element_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 std::size_t align_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
 __device__ __forceinline__ float exp_approx(float x) { return cuda::fast_exp2(x * kLog2e); }
 
@@ -74,200 +56,6 @@ Map make_map(LogitMap map) {
   const bool capped = map.softcap > 0.0f;
   return {map.scale, capped ? map.scale * map.softcap : 0.0f, capped ? 1.0f / map.softcap : 0.0f,
           capped};
-}
-
-// ---- GEMM ----------------------------------------------------------------------------------------
-
-// C[m, n] = op(A) op(B): op(A) is A [m, k] (row stride lda) or, with kTransA, A stored [k, m];
-// op(B) is B [k, n] or, with kTransB, B stored [n, k]. Outputs: f32 C (store or accumulate) or
-// the input type (store, rounded once).
-enum class Epilogue { kStore, kAccumulate, kStoreCast };
-
-template <typename T>
-struct GemmArgs {
-  const T* a;
-  int64_t lda;
-  const T* b;
-  int64_t ldb;
-  int64_t m, n, k;
-  float* c;  // kStore / kAccumulate
-  T* out;    // kStoreCast
-  int64_t ldc;
-};
-
-template <typename T, Epilogue kEpilogue>
-__device__ __forceinline__ void emit(const GemmArgs<T>& args, int64_t row, int64_t col, float value) {
-  if (row >= args.m || col >= args.n) return;
-  const int64_t at = row * args.ldc + col;
-  if constexpr (kEpilogue == Epilogue::kStore) args.c[at] = value;
-  else if constexpr (kEpilogue == Epilogue::kAccumulate) args.c[at] += value;
-  else args.out[at] = from_float<T>(value);
-}
-
-// Copies the [rows, cols] tile at (row0, col0) of a row-major matrix (limits row_limit x
-// col_limit, stride ld) into shared memory (row stride sld), zero outside. 16-byte vectors where
-// the whole vector is inside and aligned, elements otherwise.
-template <typename T, int kRows, int kCols, int kThreads>
-__device__ __forceinline__ void load_tile(T* smem, int sld, const T* __restrict__ g, int64_t ld,
-                                          int64_t row0, int64_t col0, int64_t row_limit,
-                                          int64_t col_limit, bool vector_ok) {
-  constexpr int kVec = 16 / sizeof(T);
-  static_assert(kCols % kVec == 0, "tile width must hold whole vectors");
-  constexpr int kVectors = kRows * kCols / kVec;
-  for (int v = threadIdx.x; v < kVectors; v += kThreads) {
-    const int r = v / (kCols / kVec), c = (v % (kCols / kVec)) * kVec;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    T* dst = smem + r * sld + c;
-    if (vector_ok && gr < row_limit && gc + kVec <= col_limit) {
-      *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(g + gr * ld + gc));
-      continue;
-    }
-#pragma unroll
-    for (int e = 0; e < kVec; ++e)
-      dst[e] = (gr < row_limit && gc + e < col_limit) ? g[gr * ld + gc + e] : from_float<T>(0.0f);
-  }
-}
-
-constexpr int kGemmThreads = 256;
-constexpr int kTileM = 128, kTileN = 128, kTileK = 32, kPad = 8;
-
-// Tensor-core GEMM for bf16 / f16.
-template <typename T, bool kTransA, bool kTransB, Epilogue kEpilogue>
-__global__ void __launch_bounds__(kGemmThreads) gemm_wmma_kernel(GemmArgs<T> args, bool vector_a,
-                                                                 bool vector_b) {
-  // Tiles keep the global orientation: A [m, k] or, transposed, [k, m]; B likewise.
-  constexpr int kARows = kTransA ? kTileK : kTileM, kACols = kTransA ? kTileM : kTileK;
-  constexpr int kBRows = kTransB ? kTileN : kTileK, kBCols = kTransB ? kTileK : kTileN;
-  __shared__ __align__(128) T a_tile[kARows * (kACols + kPad)];
-  __shared__ __align__(128) T b_tile[kBRows * (kBCols + kPad)];
-  __shared__ __align__(128) float stage[kGemmThreads / 32][16 * 16];
-  constexpr int lda_s = kACols + kPad, ldb_s = kBCols + kPad;
-
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_m = (warp / 4) * 64, warp_n = (warp % 4) * 32;  // 2 x 4 warps of 64 x 32
-
-  using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
-  using LayoutB = std::conditional_t<kTransB, wmma::col_major, wmma::row_major>;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-
-  for (int64_t k0 = 0; k0 < args.k; k0 += kTileK) {
-    if constexpr (kTransA)
-      load_tile<T, kARows, kACols, kGemmThreads>(a_tile, lda_s, args.a, args.lda, k0, m0, args.k, args.m, vector_a);
-    else
-      load_tile<T, kARows, kACols, kGemmThreads>(a_tile, lda_s, args.a, args.lda, m0, k0, args.m, args.k, vector_a);
-    if constexpr (kTransB)
-      load_tile<T, kBRows, kBCols, kGemmThreads>(b_tile, ldb_s, args.b, args.ldb, n0, k0, args.n, args.k, vector_b);
-    else
-      load_tile<T, kBRows, kBCols, kGemmThreads>(b_tile, ldb_s, args.b, args.ldb, k0, n0, args.k, args.n, vector_b);
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[4];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = warp_m + i * 16;
-        const T* p = kTransA ? a_tile + kk * lda_s + row : a_tile + row * lda_s + kk;
-        wmma::load_matrix_sync(fa[i], p, lda_s);
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int col = warp_n + j * 16;
-        const T* p = kTransB ? b_tile + col * ldb_s + kk : b_tile + kk * ldb_s + col;
-        wmma::load_matrix_sync(fb[j], p, ldb_s);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-
-  // Each 16 x 16 fragment goes through the warp's staging area, so edges are masked per element.
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wmma::store_matrix_sync(stage[warp], acc[i][j], 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 256; e += 32)
-        emit<T, kEpilogue>(args, m0 + warp_m + i * 16 + e / 16, n0 + warp_n + j * 16 + e % 16,
-                           stage[warp][e]);
-      __syncwarp();
-    }
-}
-
-// CUDA-core GEMM for f32: 64 x 64 tile, each of 256 threads 4 x 4 outputs.
-constexpr int kF32Tile = 64, kF32TileK = 16;
-
-template <bool kTransA, bool kTransB, Epilogue kEpilogue>
-__global__ void __launch_bounds__(kGemmThreads) gemm_f32_kernel(GemmArgs<float> args) {
-  __shared__ float a_tile[kF32TileK][kF32Tile + 4];  // [k][m]
-  __shared__ float b_tile[kF32TileK][kF32Tile + 4];  // [k][n]
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kF32Tile;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kF32Tile;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < args.k; k0 += kF32TileK) {
-    // Consecutive threads read consecutive addresses of the operand's contiguous dimension.
-    for (int e = threadIdx.x; e < kF32Tile * kF32TileK; e += kGemmThreads) {
-      int i, kk;
-      if (kTransA) { i = e % kF32Tile; kk = e / kF32Tile; } else { kk = e % kF32TileK; i = e / kF32TileK; }
-      const int64_t gi = m0 + i, gk = k0 + kk;
-      a_tile[kk][i] = (gi < args.m && gk < args.k)
-                          ? (kTransA ? args.a[gk * args.lda + gi] : args.a[gi * args.lda + gk]) : 0.0f;
-      int j;
-      if (kTransB) { kk = e % kF32TileK; j = e / kF32TileK; } else { j = e % kF32Tile; kk = e / kF32Tile; }
-      const int64_t gj = n0 + j, gk2 = k0 + kk;
-      b_tile[kk][j] = (gj < args.n && gk2 < args.k)
-                          ? (kTransB ? args.b[gj * args.ldb + gk2] : args.b[gk2 * args.ldb + gj]) : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kF32TileK; ++kk) {
-      float a[4], b[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) a[r] = a_tile[kk][ty * 4 + r];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) b[c] = b_tile[kk][tx * 4 + c];
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[r][c] = __fmaf_rn(a[r], b[c], acc[r][c]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) emit<float, kEpilogue>(args, m0 + ty * 4 + r, n0 + tx * 4 + c, acc[r][c]);
-}
-
-template <typename T>
-bool vectorizable(const T* p, int64_t ld) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && (ld * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-}
-
-template <typename T, bool kTransA, bool kTransB, Epilogue kEpilogue>
-void gemm(const GemmArgs<T>& args, cudaStream_t stream) {
-  if (args.m == 0 || args.n == 0) return;
-  if constexpr (std::is_same_v<T, float>) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(args.n, kF32Tile)), static_cast<unsigned>(ceil_div(args.m, kF32Tile)));
-    gemm_f32_kernel<kTransA, kTransB, kEpilogue><<<grid, kGemmThreads, 0, stream>>>(args);
-    ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs gemm_f32_kernel");
-  } else {
-    const dim3 grid(static_cast<unsigned>(ceil_div(args.n, kTileN)), static_cast<unsigned>(ceil_div(args.m, kTileM)));
-    gemm_wmma_kernel<T, kTransA, kTransB, kEpilogue><<<grid, kGemmThreads, 0, stream>>>(
-        args, vectorizable(args.a, args.lda), vectorizable(args.b, args.ldb));
-    ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs gemm_wmma_kernel");
-  }
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -316,19 +104,22 @@ __device__ __forceinline__ void merge(Partial& a, const Partial& b) {
 }
 
 constexpr int kColumnsPerBlock = 32, kRowGroups = 8;
+constexpr int64_t kMaxSegments = 64;
 
-// One thread block per 32 token columns of a z^T chunk [rows, cols] (row stride ld); 8 thread
-// rows split the vocabulary rows and merge in a fixed order; the result folds into the tokens'
-// f64 state. The chunk is left as z (the target's y is recomputed from it).
+// Thread block (32 token columns, one segment of vocabulary rows) of a z^T chunk [rows, cols] (row
+// stride ld): 8 thread rows split the segment and merge in a fixed order into
+// partials[segment, column]. Segments give small chunks (few tokens) enough blocks to fill the GPU.
 __global__ void __launch_bounds__(kColumnsPerBlock * kRowGroups)
     forward_columns_kernel(const float* __restrict__ z, int64_t rows, int64_t cols, int64_t ld,
-                           int64_t t0, int64_t v0, Map map, const int64_t* __restrict__ targets,
-                           TokenState state) {
-  __shared__ Partial partials[kRowGroups][kColumnsPerBlock];
+                           int64_t segment_rows, Map map, Partial* __restrict__ partials) {
+  __shared__ Partial shared[kRowGroups][kColumnsPerBlock];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * segment_rows;
+  const int64_t r_end = r_begin + segment_rows < rows ? r_begin + segment_rows : rows;
   Partial p{-INFINITY, 0.0f, 0.0f, false};
   if (c < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) {
+#pragma unroll 4
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowGroups) {
       const float y = map.y(z[r * ld + c]);
       if (isnan(y) || y == INFINITY) {
         p.nan = true;
@@ -348,31 +139,44 @@ __global__ void __launch_bounds__(kColumnsPerBlock * kRowGroups)
       p.weighted += e * d;
     }
   }
-  partials[threadIdx.y][threadIdx.x] = p;
+  shared[threadIdx.y][threadIdx.x] = p;
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
-  for (int g = 1; g < kRowGroups; ++g) merge(p, partials[g][threadIdx.x]);
+  for (int g = 1; g < kRowGroups; ++g) merge(p, shared[g][threadIdx.x]);
+  partials[static_cast<int64_t>(blockIdx.y) * cols + c] = p;
+}
 
-  const int64_t t = t0 + c, target = targets[t];
-  if (target >= v0 && target < v0 + rows) state.target[t] = map.y(z[(target - v0) * ld + c]);
-  if (p.nan) state.nan[t] = 1;
-  if (state.nan[t] || p.max == -INFINITY) return;
-  float& max = state.max[t];
-  double& sum = state.sum[t];
-  double& weighted = state.weighted[t];
-  if (max == -INFINITY) {
-    max = p.max;
-    sum = p.sum;
-    weighted = p.weighted;
-    return;
+// Folds each column's segment partials (in segment order) into its token's f64 state, and picks up
+// the target's y when the target lies in this vocabulary block. The chunk is left as z.
+__global__ void fold_columns_kernel(const Partial* __restrict__ partials, int64_t segments,
+                                    const float* __restrict__ z, int64_t rows, int64_t cols,
+                                    int64_t ld, int64_t t0, int64_t v0, Map map,
+                                    const int64_t* __restrict__ targets, TokenState state) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Partial p = partials[c];
+    for (int64_t s = 1; s < segments; ++s) merge(p, partials[s * cols + c]);
+    const int64_t t = t0 + c, target = targets[t];
+    if (target >= v0 && target < v0 + rows) state.target[t] = map.y(z[(target - v0) * ld + c]);
+    if (p.nan) state.nan[t] = 1;
+    if (state.nan[t] || p.max == -INFINITY) continue;
+    float& max = state.max[t];
+    double& sum = state.sum[t];
+    double& weighted = state.weighted[t];
+    if (max == -INFINITY) {
+      max = p.max;
+      sum = p.sum;
+      weighted = p.weighted;
+      continue;
+    }
+    const float new_max = fmaxf(max, p.max);
+    const double shift_old = static_cast<double>(max) - new_max;
+    const double shift_new = static_cast<double>(p.max) - new_max;
+    const double scale_old = exp(shift_old), scale_new = exp(shift_new);
+    weighted = scale_old * (weighted + shift_old * sum) + scale_new * (p.weighted + shift_new * p.sum);
+    sum = scale_old * sum + scale_new * p.sum;
+    max = new_max;
   }
-  const float new_max = fmaxf(max, p.max);
-  const double shift_old = static_cast<double>(max) - new_max;
-  const double shift_new = static_cast<double>(p.max) - new_max;
-  const double scale_old = exp(shift_old), scale_new = exp(shift_new);
-  weighted = scale_old * (weighted + shift_old * sum) + scale_new * (p.weighted + shift_new * p.sum);
-  sum = scale_old * sum + scale_new * p.sum;
-  max = new_max;
 }
 
 __global__ void finalize_kernel(int64_t n, TokenState state, float* __restrict__ lp,
@@ -447,6 +251,8 @@ struct Plan {
   int64_t block_vocab = 0, chunk_tokens = 0, gt_ld = 0;
   TokenState state{};
   float* chunk = nullptr;
+  Partial* partials = nullptr;  // forward: [segments, chunk_tokens]
+  int64_t max_segments = 1;
   unsigned char* gt = nullptr;
   float* grad_hidden_f32 = nullptr;
   std::size_t bytes = 0;
@@ -469,6 +275,9 @@ Plan make_plan(const LmHeadShape& shape, bool backward, void* workspace) {
   const std::size_t t = static_cast<std::size_t>(T);
   plan.chunk = reinterpret_cast<float*>(take(static_cast<std::size_t>(plan.block_vocab * plan.chunk_tokens) * sizeof(float)));
   if (!backward) {
+    plan.max_segments = std::min(kMaxSegments, ceil_div(plan.block_vocab, kRowGroups));
+    plan.partials = reinterpret_cast<Partial*>(
+        take(static_cast<std::size_t>(plan.max_segments * plan.chunk_tokens) * sizeof(Partial)));
     plan.state.max = reinterpret_cast<float*>(take(t * sizeof(float)));
     plan.state.target = reinterpret_cast<float*>(take(t * sizeof(float)));
     plan.state.sum = reinterpret_cast<double*>(take(t * sizeof(double)));
@@ -487,7 +296,8 @@ unsigned int grid_1d(int64_t n) { return cuda::grid_for(std::max<int64_t>(n, 1))
 
 template <typename T>
 void forward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, const int64_t* targets,
-                   Map map, float* lp, float* lse, float* entropy, const Plan& plan, cudaStream_t stream) {
+                   Map map, float* lp, float* lse, float* entropy, const Plan& plan, cudaStream_t stream,
+                   const Blas& blas, int multiprocessors) {
   const int64_t T_ = shape.num_tokens, V = shape.vocab_size, H = shape.hidden_size;
   init_state_kernel<<<grid_1d(T_), cuda::kThreads, 0, stream>>>(T_, plan.state);
   ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs init_state_kernel");
@@ -497,11 +307,19 @@ void forward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, c
       const int64_t nt = std::min(plan.chunk_tokens, T_ - t0);
       // z^T [nv, nt] = W_block [nv, H] . hidden_chunk [nt, H]^T
       gemm<T, false, true, Epilogue::kStore>(
-          {weight + v0 * H, H, hidden + t0 * H, H, nv, nt, H, plan.chunk, nullptr, nt}, stream);
+          {weight + v0 * H, H, hidden + t0 * H, H, nv, nt, H, plan.chunk, nullptr, nt}, stream, blas);
+      // Enough row segments for ~4 blocks per multiprocessor, each segment at least 128 rows.
+      const int64_t column_blocks = ceil_div(nt, kColumnsPerBlock);
+      const int64_t segments = std::clamp<int64_t>(
+          ceil_div(4LL * multiprocessors, column_blocks), 1, std::min(plan.max_segments, ceil_div(nv, 128)));
+      const int64_t segment_rows = ceil_div(nv, segments);
       const dim3 block(kColumnsPerBlock, kRowGroups);
-      forward_columns_kernel<<<static_cast<unsigned>(ceil_div(nt, kColumnsPerBlock)), block, 0, stream>>>(
-          plan.chunk, nv, nt, nt, t0, v0, map, targets, plan.state);
+      const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(ceil_div(nv, segment_rows)));
+      forward_columns_kernel<<<grid, block, 0, stream>>>(plan.chunk, nv, nt, nt, segment_rows, map, plan.partials);
       ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs forward_columns_kernel");
+      fold_columns_kernel<<<grid_1d(nt), cuda::kThreads, 0, stream>>>(
+          plan.partials, grid.y, plan.chunk, nv, nt, nt, t0, v0, map, targets, plan.state);
+      ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs fold_columns_kernel");
     }
   }
   finalize_kernel<<<grid_1d(T_), cuda::kThreads, 0, stream>>>(T_, plan.state, lp, lse, entropy);
@@ -511,7 +329,7 @@ void forward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, c
 template <typename T>
 void backward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, const int64_t* targets,
                     Map map, const ColumnInputs& inputs, T* grad_hidden, T* grad_weight,
-                    const Plan& plan, cudaStream_t stream) {
+                    const Plan& plan, cudaStream_t stream, const Blas& blas) {
   const int64_t T_ = shape.num_tokens, V = shape.vocab_size, H = shape.hidden_size;
   constexpr bool kF32 = std::is_same_v<T, float>;
   float* grad_hidden_acc = grad_hidden == nullptr ? nullptr
@@ -519,13 +337,18 @@ void backward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, 
   if (grad_hidden_acc != nullptr)
     ORSD_CUDA_CHECK(cudaMemsetAsync(grad_hidden_acc, 0, static_cast<std::size_t>(T_ * H) * sizeof(float), stream));
   T* gt = reinterpret_cast<T*>(plan.gt);
+  // gt's padding columns [T, gt_ld) are never written by the column kernel, but cuBLAS's vector
+  // loads may read them (their products land only in output rows it does not store): zeroed once,
+  // so no GEMM ever reads uninitialised memory (compute-sanitizer initcheck flagged the reads).
+  if (plan.gt_ld > T_)
+    ORSD_CUDA_CHECK(cudaMemsetAsync(plan.gt, 0, static_cast<std::size_t>(plan.block_vocab * plan.gt_ld) * sizeof(T), stream));
 
   for (int64_t v0 = 0; v0 < V; v0 += plan.block_vocab) {
     const int64_t nv = std::min(plan.block_vocab, V - v0);
     for (int64_t t0 = 0; t0 < T_; t0 += plan.chunk_tokens) {
       const int64_t nt = std::min(plan.chunk_tokens, T_ - t0);
       gemm<T, false, true, Epilogue::kStore>(
-          {weight + v0 * H, H, hidden + t0 * H, H, nv, nt, H, plan.chunk, nullptr, nt}, stream);
+          {weight + v0 * H, H, hidden + t0 * H, H, nv, nt, H, plan.chunk, nullptr, nt}, stream, blas);
       const dim3 block(kColumnsPerBlock, kRowGroups);
       const dim3 grid(static_cast<unsigned>(ceil_div(nt, kColumnsPerBlock)),
                       static_cast<unsigned>(ceil_div(nv, kRowGroups * kRowsPerThread)));
@@ -535,20 +358,26 @@ void backward_typed(const T* hidden, const T* weight, const LmHeadShape& shape, 
     }
     if (grad_hidden_acc != nullptr)  // grad_hidden [T, H] += gt^T [T, nv] . W_block [nv, H]
       gemm<T, true, false, Epilogue::kAccumulate>(
-          {gt, plan.gt_ld, weight + v0 * H, H, T_, H, nv, grad_hidden_acc, nullptr, H}, stream);
+          {gt, plan.gt_ld, weight + v0 * H, H, T_, H, nv, grad_hidden_acc, nullptr, H}, stream, blas);
     if (grad_weight != nullptr) {  // grad_weight rows [nv, H] = gt [nv, T] . hidden [T, H]
       if constexpr (kF32)
         gemm<T, false, false, Epilogue::kStore>(
-            {gt, plan.gt_ld, hidden, H, nv, H, T_, reinterpret_cast<float*>(grad_weight) + v0 * H, nullptr, H}, stream);
+            {gt, plan.gt_ld, hidden, H, nv, H, T_, reinterpret_cast<float*>(grad_weight) + v0 * H, nullptr, H}, stream, blas);
       else
         gemm<T, false, false, Epilogue::kStoreCast>(
-            {gt, plan.gt_ld, hidden, H, nv, H, T_, nullptr, grad_weight + v0 * H, H}, stream);
+            {gt, plan.gt_ld, hidden, H, nv, H, T_, nullptr, grad_weight + v0 * H, H}, stream, blas);
     }
   }
   if (grad_hidden != nullptr && !kF32) {
     cast_kernel<T><<<grid_1d(T_ * H), cuda::kThreads, 0, stream>>>(T_ * H, plan.grad_hidden_f32, grad_hidden);
     ORSD_CUDA_CHECK_LAUNCH("lm_head_logprobs cast_kernel");
   }
+}
+
+Blas make_blas(const void* gemm_ex, void* handle) {
+  if ((gemm_ex == nullptr) != (handle == nullptr))
+    throw std::invalid_argument("lm_head_logprobs: gemm_ex and blas_handle must both be given or both be null");
+  return {reinterpret_cast<GemmExFn>(const_cast<void*>(gemm_ex)), handle};
 }
 
 void check_sizes(const LmHeadShape& shape, const Plan& plan, std::size_t workspace_bytes) {
@@ -568,24 +397,28 @@ std::size_t lm_head_logprobs_workspace_cuda(const LmHeadShape& shape, bool backw
 
 void lm_head_logprobs_forward_cuda(const void* hidden, const void* weight, const LmHeadShape& shape,
                                    const int64_t* targets, LogitMap map, float* out_lp,
-                                   float* out_lse, float* out_entropy, void* workspace,
-                                   std::size_t workspace_bytes, int device, StreamHandle stream) {
+                                   float* out_lse, float* out_entropy, const void* gemm_ex,
+                                   void* blas_handle, void* workspace, std::size_t workspace_bytes,
+                                   int device, StreamHandle stream) {
   if (shape.num_tokens == 0) return;
   const Plan plan = make_plan(shape, false, workspace);
   check_sizes(shape, plan, workspace_bytes);
   cuda::DeviceGuard guard(device);
   const cudaStream_t s = cuda::as_stream(stream);
   const Map m = make_map(map);
+  const Blas blas = make_blas(gemm_ex, blas_handle);
+  int sms = 0;
+  ORSD_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   switch (shape.dtype) {
     case DType::kBFloat16:
       return forward_typed(static_cast<const __nv_bfloat16*>(hidden), static_cast<const __nv_bfloat16*>(weight),
-                           shape, targets, m, out_lp, out_lse, out_entropy, plan, s);
+                           shape, targets, m, out_lp, out_lse, out_entropy, plan, s, blas, sms);
     case DType::kFloat16:
       return forward_typed(static_cast<const __half*>(hidden), static_cast<const __half*>(weight), shape,
-                           targets, m, out_lp, out_lse, out_entropy, plan, s);
+                           targets, m, out_lp, out_lse, out_entropy, plan, s, blas, sms);
     default:
       return forward_typed(static_cast<const float*>(hidden), static_cast<const float*>(weight), shape,
-                           targets, m, out_lp, out_lse, out_entropy, plan, s);
+                           targets, m, out_lp, out_lse, out_entropy, plan, s, blas, sms);
   }
 }
 
@@ -593,8 +426,9 @@ void lm_head_logprobs_backward_cuda(const void* hidden, const void* weight,
                                     const LmHeadShape& shape, const int64_t* targets, LogitMap map,
                                     const float* lse, const float* entropy, const float* grad_lp,
                                     const float* grad_entropy, void* grad_hidden,
-                                    void* grad_weight, void* workspace,
-                                    std::size_t workspace_bytes, int device, StreamHandle stream) {
+                                    void* grad_weight, const void* gemm_ex, void* blas_handle,
+                                    void* workspace, std::size_t workspace_bytes, int device,
+                                    StreamHandle stream) {
   if (grad_hidden == nullptr && grad_weight == nullptr) return;
   cuda::DeviceGuard guard(device);
   const cudaStream_t s = cuda::as_stream(stream);
@@ -608,19 +442,20 @@ void lm_head_logprobs_backward_cuda(const void* hidden, const void* weight,
   check_sizes(shape, plan, workspace_bytes);
   const Map m = make_map(map);
   const ColumnInputs inputs{lse, entropy, grad_lp, grad_entropy, targets};
+  const Blas blas = make_blas(gemm_ex, blas_handle);
   switch (shape.dtype) {
     case DType::kBFloat16:
       return backward_typed(static_cast<const __nv_bfloat16*>(hidden), static_cast<const __nv_bfloat16*>(weight),
                             shape, targets, m, inputs, static_cast<__nv_bfloat16*>(grad_hidden),
-                            static_cast<__nv_bfloat16*>(grad_weight), plan, s);
+                            static_cast<__nv_bfloat16*>(grad_weight), plan, s, blas);
     case DType::kFloat16:
       return backward_typed(static_cast<const __half*>(hidden), static_cast<const __half*>(weight), shape,
                             targets, m, inputs, static_cast<__half*>(grad_hidden),
-                            static_cast<__half*>(grad_weight), plan, s);
+                            static_cast<__half*>(grad_weight), plan, s, blas);
     default:
       return backward_typed(static_cast<const float*>(hidden), static_cast<const float*>(weight), shape,
                             targets, m, inputs, static_cast<float*>(grad_hidden),
-                            static_cast<float*>(grad_weight), plan, s);
+                            static_cast<float*>(grad_weight), plan, s, blas);
   }
 }
 

@@ -190,6 +190,93 @@ def _sgemm():
     return function if torch.allclose(got, a @ b.T, rtol=1e-5, atol=1e-5) else None
 
 
+# ---- CUDA GEMMs: cuBLAS inside the torch already loaded ----------------------------------------
+
+CUDA_GEMMS = ("cublas", "own")
+"""cublas: cublasGemmEx of the libcublas torch loaded, on torch's handle (first choice when found
+and self-tested); own: the module's WMMA/FFMA kernels (the fallback, and a reference)."""
+
+_cuda_gemm_choice = os.environ.get("ORSD_LM_HEAD_CUDA_GEMM", "cublas")
+_cublas_gemm_ex: int | None | bool = False  # False: not looked up yet; None: unusable
+
+
+def cuda_gemm() -> str:
+    """The GEMM the CUDA kernels use: "cublas" or "own" (cublas only where it was found and passed
+    its self-test; a request for it falls back to own, with one warning)."""
+    return "cublas" if _cuda_gemm_choice == "cublas" and _cublas() is not None else "own"
+
+
+def set_cuda_gemm(name: str) -> None:
+    """Choose the CUDA GEMM ("cublas" | "own"); ORSD_LM_HEAD_CUDA_GEMM sets it at import."""
+    global _cuda_gemm_choice
+    if name not in CUDA_GEMMS:
+        raise ValueError(f"cuda_gemm: {name!r} is not one of {', '.join(CUDA_GEMMS)}")
+    _cuda_gemm_choice = name
+
+
+if _cuda_gemm_choice not in CUDA_GEMMS:
+    raise ValueError(f"ORSD_LM_HEAD_CUDA_GEMM: {_cuda_gemm_choice!r} is not one of {', '.join(CUDA_GEMMS)}")
+
+
+def _cuda_blas(device: torch.device) -> tuple[int, int]:
+    """(cublasGemmEx address, torch's cuBLAS handle for `device`, bound to its current stream), or
+    (0, 0) for the own kernels. current_blas_handle() sets the handle's stream to the current one,
+    which is the stream the kernels are launched on (_backend.cuda_launch_args)."""
+    if _cuda_gemm_choice != "cublas" or _cublas() is None:
+        return 0, 0
+    with torch.cuda.device(device):
+        return _cublas(), torch.cuda.current_blas_handle()
+
+
+def _cublas() -> int | None:
+    global _cublas_gemm_ex
+    if _cublas_gemm_ex is False:
+        _cublas_gemm_ex = _find_cublas()
+        if _cublas_gemm_ex is None and torch.cuda.is_available():
+            warnings.warn(
+                "orsd.ops.lm_head_logprobs: cuBLAS's cublasGemmEx was not found in this process or failed "
+                "its self-test; the CUDA kernels use their own (slower) GEMM",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return _cublas_gemm_ex
+
+
+def _find_cublas() -> int | None:
+    """cublasGemmEx from the libcublas torch has loaded (found in /proc/self/maps once torch has
+    made its handle), checked on a small bf16 and f32 product against torch; None when absent."""
+    if not torch.cuda.is_available():
+        return None
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    operands = [(torch.randn(37, 67, generator=generator, device="cuda").to(dtype),
+                 torch.randn(53, 67, generator=generator, device="cuda").to(dtype), type_code, compute)
+                for dtype, type_code, compute in ((torch.bfloat16, 14, 68), (torch.float32, 0, 69))]  # fmt: skip
+    # after the first allocation, so that the CUDA context is current when cuBLAS starts
+    handle = torch.cuda.current_blas_handle()  # loads cuBLAS and binds the current stream
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcublas.so" in line and "libcublasLt" not in line}
+        function = ctypes.CDLL(sorted(paths)[0]).cublasGemmEx if paths else None
+    except (OSError, AttributeError):
+        return None
+    if function is None:
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 5, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                         ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    for a, b, type_code, compute in operands:
+        got = torch.empty(37, 53, device="cuda")
+        # row-major got = a @ b.T is column-major got^T [53, 37] = b (op T on col-major [67, 53]) . a
+        status = function(handle, 1, 0, 53, 37, 67, ctypes.byref(one), b.data_ptr(), type_code, 67,
+                          a.data_ptr(), type_code, 67, ctypes.byref(zero), got.data_ptr(), 0, 53, compute, -1)  # fmt: skip
+        want = a.double() @ b.double().T
+        if status != 0 or not torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4):
+            return None
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
 # ---- the autograd function around the two native calls ----------------------------------------
 
 
@@ -265,7 +352,8 @@ def _launch(kind: str, direction: str, args: tuple, hidden: torch.Tensor, worksp
     if kind == "cpu":
         function(*args, _cpu_gemm(hidden.dtype), workspace.data_ptr(), workspace.numel(), _backend.num_threads())
     else:
-        function(*args, workspace.data_ptr(), workspace.numel(), *_backend.cuda_launch_args(hidden))
+        function(*args, *_cuda_blas(hidden.device), workspace.data_ptr(), workspace.numel(),
+                 *_backend.cuda_launch_args(hidden))  # fmt: skip
 
 
 # ---- the pure-torch path (fallback only; the tests' spec is the full-logits reference) ---------

@@ -398,6 +398,42 @@ def test_device_mismatch_raises_value_error():
         lm_head_logprobs(hidden, weight, targets.cuda())
 
 
+# ---- the CUDA GEMM choice (cuBLAS from torch's library, or the module's own kernels) -----------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, H, V", [(1, 8, 1), (70, 33, 1031), (300, 64, 4097), (1100, 96, 9000)])
+def test_both_cuda_gemms_match_the_reference(T, H, V, dtype):
+    assert "cublas" in op_module.CUDA_GEMMS and op_module.cuda_gemm() == "cublas", "cuBLAS not found or failed its self-test"
+    try:
+        for name in op_module.CUDA_GEMMS:
+            op_module.set_cuda_gemm(name)
+            assert op_module.cuda_gemm() == name
+            hidden, weight, targets = make_inputs(T, H, V, dtype, "cuda", scale=2.0)
+            check_against_reference(hidden, weight, targets, temperature=0.9, softcap=4.0 if T == 70 else 0.0)
+    finally:
+        op_module.set_cuda_gemm("cublas")
+
+
+def test_cuda_gemm_switch_refuses_unknown_names():
+    before = op_module.cuda_gemm()
+    with pytest.raises(ValueError, match=r"^cuda_gemm: 'mkl' is not one of cublas, own"):
+        op_module.set_cuda_gemm("mkl")
+    assert op_module.cuda_gemm() == before
+
+
+def test_cuda_gemm_environment_variable_is_checked_at_import():
+    env = {**os.environ, "ORSD_LM_HEAD_CUDA_GEMM": "cutlass"}
+    result = subprocess.run([sys.executable, "-c", "import orsd.ops"], env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "ValueError: ORSD_LM_HEAD_CUDA_GEMM: 'cutlass' is not one of cublas, own" in result.stderr
+    env["ORSD_LM_HEAD_CUDA_GEMM"] = "own"
+    code = "import importlib; print(importlib.import_module('orsd.ops.lm_head_logprobs')._cuda_gemm_choice)"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "own"  # fmt: skip
+
+
 # ---- the bf16 GEMM choice ----------------------------------------------------------------------
 
 

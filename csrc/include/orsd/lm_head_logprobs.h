@@ -95,19 +95,22 @@ void lm_head_logprobs_backward_cpu(const void* hidden, const void* weight,
 
 // CUDA: the same contract on device pointers, launched on `stream`; the workspace (device memory
 // from the caller's allocator) holds lm_head_logprobs_workspace_cuda(shape, backward) bytes.
+// gemm_ex (the address of cuBLAS's cublasGemmEx) and blas_handle (a cublasHandle_t bound to
+// `stream`) route the GEMMs to cuBLAS; both null: the module's own GEMM kernels.
 std::size_t lm_head_logprobs_workspace_cuda(const LmHeadShape& shape, bool backward);
 
 void lm_head_logprobs_forward_cuda(const void* hidden, const void* weight,
                                    const LmHeadShape& shape, const int64_t* targets, LogitMap map,
                                    float* out_lp, float* out_lse, float* out_entropy,
-                                   void* workspace, std::size_t workspace_bytes, int device,
-                                   StreamHandle stream);
+                                   const void* gemm_ex, void* blas_handle, void* workspace,
+                                   std::size_t workspace_bytes, int device, StreamHandle stream);
 
 void lm_head_logprobs_backward_cuda(const void* hidden, const void* weight,
                                     const LmHeadShape& shape, const int64_t* targets, LogitMap map,
                                     const float* lse, const float* entropy, const float* grad_lp,
                                     const float* grad_entropy, void* grad_hidden,
-                                    void* grad_weight, void* workspace,
-                                    std::size_t workspace_bytes, int device, StreamHandle stream);
+                                    void* grad_weight, const void* gemm_ex, void* blas_handle,
+                                    void* workspace, std::size_t workspace_bytes, int device,
+                                    StreamHandle stream);
 
 }  // namespace orsd
