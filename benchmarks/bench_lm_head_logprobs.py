@@ -82,19 +82,14 @@ def orsd(hidden, weight, targets):
 
 
 def orsd_own(hidden, weight, targets):
-    if hidden.is_cuda:
-        previous = lm_head.cuda_gemm()
-        lm_head.set_cuda_gemm("own")
-        try:
-            return orsd(hidden, weight, targets)
-        finally:
-            lm_head.set_cuda_gemm(previous)
-    previous = _C.lm_head_gemm()
-    _C.set_lm_head_gemm("own")
+    get, choose = ((lm_head.cuda_gemm, lm_head.set_cuda_gemm) if hidden.is_cuda
+                   else (_C.lm_head_gemm, _C.set_lm_head_gemm))  # fmt: skip
+    previous = get()
+    choose("own")
     try:
         return orsd(hidden, weight, targets)
     finally:
-        _C.set_lm_head_gemm(previous)
+        choose(previous)
 
 
 def cce(hidden, weight, targets):

@@ -222,10 +222,11 @@ def _cuda_blas(device: torch.device) -> tuple[int, int]:
     """(cublasGemmEx address, torch's cuBLAS handle for `device`, bound to its current stream), or
     (0, 0) for the own kernels. current_blas_handle() sets the handle's stream to the current one,
     which is the stream the kernels are launched on (_backend.cuda_launch_args)."""
-    if _cuda_gemm_choice != "cublas" or _cublas() is None:
+    gemm_ex = _cublas() if _cuda_gemm_choice == "cublas" else None
+    if gemm_ex is None:
         return 0, 0
     with torch.cuda.device(device):
-        return _cublas(), torch.cuda.current_blas_handle()
+        return gemm_ex, torch.cuda.current_blas_handle()
 
 
 def _cublas() -> int | None:
