@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import frozen
+from .kv_cache import ReservedLayer
 
 
 @dataclass
@@ -174,7 +175,8 @@ def trunks(node: Node, prompts: list[list[int]]) -> list[Hanging]:
 
 
 def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | None, device, on_leaf,
-                 token_budget: int = 0, embed=None, whole: bool = False) -> None:
+                 token_budget: int = 0, embed=None, whole: bool = False,
+                 base: tuple[list[tuple], list[int]] | None = None) -> None:
     """Forward distinct `prompts` along their prefix tree, each chain of segments (`trunks`) in one
     forward and what hangs off a trunk in batches on its keys/values, each row masked past its own
     start. For each prompt i, once: `on_leaf(i, hidden, start, kv)`: `hidden` [W, H] is its final
@@ -183,7 +185,11 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
     `token_budget` tokens (0: any). `embed(i, start, end)`, when given, is the decoder's input
     ([end - start, H]) for tokens [start, end) of prompt i, in place of the token ids (a decoder
     that starts above frozen layers: engines/frozen.py). `whole`: `hidden` covers every position of
-    the prompt (start 0), its shared prefix's states taken from the trunks it hangs off."""
+    the prompt (start 0), its shared prefix's states taken from the trunks it hangs off.
+    `base` = (per prompt i, keys/values per layer of a sequence already forwarded, [KV, L, D] each,
+    that hold its positions [0, starts[i]); starts): every prompt instead continues from those at
+    its start, in batches as above whose cache rows are each their own prompt's, without a tree
+    (PrefixCache)."""
     from transformers.cache_utils import DynamicCache
 
     def forward(cache, length: int, batch: list[Hanging]):
@@ -198,7 +204,7 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
             mask[row, length:length + len(item.tokens)] = 1
             positions[row] = item.start + torch.arange(width)
         branch = DynamicCache(config=config) if cache is None else _branch(cache)
-        if cache is not None and len(batch) > 1:
+        if cache is not None and len(batch) > 1 and cache.layers[0].keys.shape[0] == 1:  # one row for all
             branch.batch_repeat_interleave(len(batch))
         inputs = {"input_ids": ids.to(device)} if embed is None else {"inputs_embeds": _embedded(embed, batch, width)}
         hidden = decoder(**inputs, attention_mask=mask.to(device), position_ids=positions.to(device),
@@ -237,6 +243,18 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
             for trunk, end, hanging, states in later:
                 visit(trunk, end, hanging, states)
 
+    if base is not None:  # rows from different kept sequences, each cache row its own, in one forward
+        kvs, starts = base
+        items = [Hanging(s, prompt[s:], i) for i, (prompt, s) in enumerate(zip(prompts, starts))]
+        for batch in _batches(items, max(starts), token_budget):
+            length = max(item.start for item in batch)
+            cache = _stacked(config, [kvs[item.prompt] for item in batch], [item.start for item in batch], length,
+                             max(len(item.tokens) for item in batch))
+            out, hidden = forward(cache, length, batch)
+            for row, item in enumerate(batch):
+                on_leaf(item.prompt, hidden[row], item.start, lambda r=row, i=item: row_kv(out, r, length, i))
+            del out, hidden
+        return
     root = prefix_tree(prompts, first)
     visit(None, 0, trunks(Node(0, 0, root.prompts, [root]), prompts), None)
 
@@ -265,6 +283,31 @@ def _batches(items: list[Hanging], length: int, token_budget: int = 0) -> list[l
     if current:
         batches.append(current)
     return batches
+
+
+def _stacked(config, kvs: list[list[tuple]], starts: list[int], length: int, width: int):
+    """A cache of one row per (keys/values per layer, start): positions [0, start) of each, zero
+    past them up to `length` (masked out by tree_forward), with room for `width` more positions
+    written in place (kv_cache.ReservedLayer: no copy of the whole cache per layer). Keys are kept
+    in the values' dtype, as that layer keeps them (transformers' sdpa casts them to it anyway)."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=config)
+    layers = []
+    for index in range(len(kvs[0])):
+        keys0, values0 = kvs[0][index]
+        keys = values0.new_zeros((len(kvs), keys0.shape[0], length + width, keys0.shape[-1]))
+        values = values0.new_zeros((len(kvs), values0.shape[0], length + width, values0.shape[-1]))
+        for row, (kv, start) in enumerate(zip(kvs, starts)):
+            keys[row, :, :start] = kv[index][0][:, :start]
+            values[row, :, :start] = kv[index][1][:, :start]
+        layer = ReservedLayer(length + width)
+        layer.lazy_initialization(values, values)
+        layer._room = (keys, values)
+        layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        layers.append(layer)
+    cache.layers = layers
+    return cache
 
 
 def _branch(cache):
@@ -304,9 +347,54 @@ def lay_into(cache, kv: list[list[tuple]], inverse: list[int], width: int) -> No
         cache.update(keys, values, index)
 
 
+class PrefixCache:
+    """Keys/values of the sequences a no-grad pass forwarded, for a later pass with the same weights
+    whose sequences start with some of the same tokens: paired replay's rubric pass, where each
+    record's context up to its slot is exactly what the plain pass forwarded (train/replay.py).
+    Only sequences that are no other's prefix are kept; a later sequence continues from the one
+    that shares its longest prefix (on the default shape, where a turn's history holds only the
+    turn before, each record's own plain sequence)."""
+
+    def __init__(self) -> None:
+        self.sequences: list[list[int]] = []
+        self.kv: list[list[tuple]] = []
+
+    def add(self, sequence: list[int], kv: list[tuple]) -> None:
+        """`kv`: keys and values per layer ([KV, L, D] each) of all L positions of `sequence`,
+        copied here (a view would keep its whole batch's cache alive), the keys in the values'
+        dtype: under bf16 autocast they leave the rotary embedding in f32, and the forwards that
+        read them cast them to bf16 anyway (_stacked), so a third fewer bytes are held (~250 MB
+        on the default step's 28 kept sequences)."""
+        self.sequences.append(sequence)
+        self.kv.append([(keys.to(values.dtype, copy=True), values.clone()) for keys, values in kv])
+
+    def longest(self, sequence: list[int]) -> tuple[int, int]:
+        """(index, length) of the kept sequence sharing the longest prefix with `sequence`; (-1, 0)
+        where none shares a first token."""
+        best = (-1, 0)
+        for index, kept in enumerate(self.sequences):
+            shared = len(os.path.commonprefix([kept, sequence]))
+            if shared > best[1]:
+                best = (index, shared)
+        return best
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+def maximal(prompts: list[list[int]]) -> list[bool]:
+    """Per distinct prompt: no other prompt starts with it (sorted, a prompt's extensions follow it)."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    out = [True] * len(prompts)
+    for here, after in zip(order, order[1:]):
+        out[here] = prompts[after][:len(prompts[here])] != prompts[here]
+    return out
+
+
 def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[int]],
                          token_budget: int = 0, states: list[torch.Tensor] | None = None,
-                         split: int = 0) -> list[torch.Tensor]:
+                         split: int = 0, prefixes: PrefixCache | None = None,
+                         keep_into: PrefixCache | None = None) -> list[torch.Tensor]:
     """Final hidden states [len(needed[i]), H] at the ascending positions `needed[i]` of every
     sequence, each prefix that sequences share forwarded once and repeated sequences once. Where a
     record's context extends the one before it (a trajectory's turns under a full history) this
@@ -314,7 +402,10 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
     `token_budget` padded tokens (0: any). Differentiable under autograd (the update, the warm
     start): a shared prefix's gradient is the sum over the sequences that read it, as when each
     forwarded its own copy. Every `needed[i]` must be non-empty. With `states` (each sequence's
-    states entering layer `split`, engines/frozen.py) only the layers from `split` up run."""
+    states entering layer `split`, engines/frozen.py) only the layers from `split` up run.
+    No-grad passes only, and not with `states`: `prefixes`, a sequence continues from the kept
+    keys/values of its longest shared prefix (up to its first needed position) instead of
+    forwarding it; `keep_into`, the keys/values of every sequence no other extends are kept."""
     device = next(model.parameters()).device
     rows, inverse = distinct_rows(sequences)
     prompts = [sequences[row] for row in rows]
@@ -325,18 +416,45 @@ def shared_prefix_hidden(model, sequences: list[list[int]], needed: list[list[in
         wanted[p].append(i)
     out: list[torch.Tensor | None] = [None] * len(sequences)
 
+    if states is not None and (prefixes is not None or keep_into is not None):
+        raise ValueError("shared_prefix_hidden: prefixes/keep_into hold every layer's keys/values; not with states")
+    ends = maximal(prompts) if keep_into is not None else None
+
     def keep(p: int, hidden: torch.Tensor, start: int, keys_values) -> None:
         for i in wanted[p]:
             out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
+        if ends is not None and ends[p]:
+            keep_into.add(prompts[p], keys_values())
 
     decoder = model.get_decoder()
     if states is None:
-        tree_forward(decoder, model.config, prompts, first, device, keep, token_budget)
+        rest = list(range(len(prompts)))
+        if prefixes:
+            rest = continue_from(decoder, model.config, prefixes, prompts, first, device, keep, token_budget)
+        if rest:
+            tree_forward(decoder, model.config, [prompts[p] for p in rest], [first[p] for p in rest], device,
+                         lambda p, *args: keep(rest[p], *args), token_budget)
         return out
     with frozen.layer_range(decoder, split, len(decoder.layers)):
         tree_forward(decoder, decoder.config, prompts, first, device, keep, token_budget,
                      embed=lambda p, start, end: states[rows[p]][start:end].to(device))
     return out
+
+
+def continue_from(decoder, config, prefixes: PrefixCache, prompts: list[list[int]], first: list[int], device,
+                  on_leaf, token_budget: int = 0) -> list[int]:
+    """tree_forward's on_leaf for every prompt that shares a prefix with a sequence `prefixes`
+    keeps, each continuing from that sequence's keys/values at the shared length (at most its
+    first needed position); returns the indices of the other prompts."""
+    served, rest = [], []
+    for p, prompt in enumerate(prompts):
+        index, shared = prefixes.longest(prompt)
+        (served if min(shared, first[p]) >= 1 else rest).append((p, index, min(shared, first[p])))
+    if served:
+        tree_forward(decoder, config, [prompts[p] for p, _, _ in served], None, device,
+                     lambda i, *args: on_leaf(served[i][0], *args), token_budget,
+                     base=([prefixes.kv[index] for _, index, _ in served], [start for _, _, start in served]))
+    return [p for p, _, _ in rest]
 
 
 def bottom_states(model, sequences: list[list[int]], split: int, token_budget: int = 0) -> list[torch.Tensor]:

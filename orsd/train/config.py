@@ -289,6 +289,9 @@ class ReplayConfig:
     reuse_frozen: bool = doc(True, "with optim.train_layers and share_prefix: the plain pass keeps what the frozen "
                              "layers below compute for each record, and the reference pass and the update "
                              "run only the layers above from it (engines/frozen.py)")
+    reuse_plain: bool = doc(True, "with share_prefix: the rubric pass continues from the plain pass's keys/values "
+                            "at each record's slot instead of forwarding the shared context again "
+                            "(train/replay.py paired_replay)")
     overlap: bool = doc(True, "on a single-process CPU run with the hf engine: the policy writes a step's bundles "
                         "on one thread while the plain and reference passes run on another (train/overlap.py; "
                         "the default step 25.8 -> 20.7 s for those stages on a 2-core AMD EPYC)")

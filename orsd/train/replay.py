@@ -133,8 +133,10 @@ def _hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], p
 
 
 def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
-                        token_budget: int = 0, frozen_states: tuple | None = None):
-    """_hidden_rows from a forward along the sequences' prefix tree (engines/prefill.py)."""
+                        token_budget: int = 0, frozen_states: tuple | None = None,
+                        prefixes: prefill.PrefixCache | None = None, keep_into: prefill.PrefixCache | None = None):
+    """_hidden_rows from a forward along the sequences' prefix tree (engines/prefill.py); `prefixes`,
+    `keep_into`: see prefill.shared_prefix_hidden."""
     kept = [(s, p) for s, p in zip(batch, positions) if len(p)]
     if not kept:
         return _hidden_rows(model, ids, cu, batch, positions, frozen_states)
@@ -142,7 +144,8 @@ def _shared_hidden_rows(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[
     needed = [(p - int(cu[s]) - 1).tolist() for s, p in kept]
     split, states = frozen_states if frozen_states is not None else (0, None)
     return torch.cat(prefill.shared_prefix_hidden(model, sequences, needed, token_budget,
-                                                  None if states is None else [states[s] for s, _ in kept], split))
+                                                  None if states is None else [states[s] for s, _ in kept], split,
+                                                  prefixes, keep_into))
 
 
 def picked(hidden: torch.Tensor, columns: list[torch.Tensor]) -> torch.Tensor:
@@ -192,15 +195,18 @@ def response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
 @torch.no_grad()
 def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, temperature: float,
                     token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = False,
-                    frozen_states: tuple | None = None) -> torch.Tensor:
+                    frozen_states: tuple | None = None, prefixes: prefill.PrefixCache | None = None,
+                    keep_into: prefill.PrefixCache | None = None) -> torch.Tensor:
     """log π(ids[p] | ids[<p]) / temperature-scaled, at every position where `mask` holds; 0 elsewhere
     (`lockstep`: see response_hidden). `share_prefix`: what the sequences share (a group's system
     prompt, task and first observation) forwarded once (engines/prefill.py); not under `lockstep`,
     whose ranks must run equal forwards, nor for a cache that cannot be cut per row.
-    `frozen_states` (with share_prefix): see train_logprobs."""
+    `frozen_states` (with share_prefix): see train_logprobs. `prefixes`, `keep_into` (with
+    share_prefix, without frozen_states): continue from keys/values an earlier pass kept, keep this
+    pass's (prefill.shared_prefix_hidden)."""
     out = torch.zeros(len(ids), dtype=torch.float32)
     if share_prefix and lockstep is None and prefill.serves(model):
-        batches = _shared_response_hidden(model, ids, cu, mask, token_budget, frozen_states)
+        batches = _shared_response_hidden(model, ids, cu, mask, token_budget, frozen_states, prefixes, keep_into)
     else:
         batches = response_hidden(model, ids, cu, mask, token_budget, lockstep)
     for flat, hidden in batches:
@@ -209,7 +215,7 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
 
 
 def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tensor, token_budget: int,
-                            frozen_states: tuple | None = None):
+                            frozen_states: tuple | None = None, prefixes=None, keep_into=None):
     """response_hidden's (positions, hidden), once for all sequences, from shared-prefix forwards."""
     positions = batch_positions(mask, cu, list(range(len(cu) - 1)))
     active = [s for s, p in enumerate(positions) if len(p)]  # sequences with nothing to score: no forward
@@ -219,7 +225,7 @@ def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: to
     model.eval()
     try:
         hidden = _shared_hidden_rows(model, ids, cu, active, [positions[s] for s in active], token_budget,
-                                     frozen_states)
+                                     frozen_states, prefixes, keep_into)
     finally:
         model.train(was_training)
     trim_heap()
@@ -346,12 +352,16 @@ class PlainReplay:
     packed: Packed
     old_logprobs: torch.Tensor  # [L]
     frozen_states: tuple | None = None  # see ReplayResult
+    # the keys/values of each record no other record extends, kept for the rubric pass
+    # (plain_replay's keep_prefixes; paired_replay releases them)
+    prefixes: prefill.PrefixCache | None = None
 
 
 def plain_replay(model, records: list[TurnRecord], temperature: float, token_budget: int, fused: bool = True,
-                 lockstep=None, share_prefix: bool = True, reuse_frozen: bool = False) -> PlainReplay:
+                 lockstep=None, share_prefix: bool = True, reuse_frozen: bool = False,
+                 keep_prefixes: bool = False) -> PlainReplay:
     """Log-probs of the response tokens in their own contexts, with the weights that produced the
-    rollout (π_old). `reuse_frozen`: see paired_replay."""
+    rollout (π_old). `reuse_frozen`, `keep_prefixes`: see paired_replay."""
     packed = pack(records)
     states = None
     split = frozen.frozen_layers(model) if reuse_frozen and share_prefix and lockstep is None else 0
@@ -359,15 +369,18 @@ def plain_replay(model, records: list[TurnRecord], temperature: float, token_bud
         sequences = [packed.ids[int(packed.cu_seqlens[s]):int(packed.cu_seqlens[s + 1])].tolist()
                      for s in range(packed.num_sequences)]
         states = (split, prefill.bottom_states(model, sequences, split, token_budget))
+    kept = (prefill.PrefixCache() if keep_prefixes and share_prefix and lockstep is None and states is None
+            and prefill.serves(model) else None)
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
-                          token_budget, fused, lockstep, share_prefix, states)
-    return PlainReplay(packed, old, states)
+                          token_budget, fused, lockstep, share_prefix, states, keep_into=kept)
+    return PlainReplay(packed, old, states, kept)
 
 
 def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
                   record_rubrics: list[list[int] | None], alpha: float, temperature: float,
                   token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True,
-                  reuse_frozen: bool = False, plain: PlainReplay | None = None) -> ReplayResult:
+                  reuse_frozen: bool = False, plain: PlainReplay | None = None,
+                  reuse_plain: bool = True) -> ReplayResult:
     """Log-probs of the same response tokens without and with the rubric spliced in at each
     record's slot; their gap Δ shapes the token advantage (paper §3.3).
 
@@ -385,15 +398,26 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     where the model's bottom layers are frozen, the plain pass runs them once per record
     (prefill.bottom_states) and the layers above from their output, which the result keeps
     (`frozen_states`) for the reference pass and the update.
+
+    `reuse_plain` (with share_prefix): the rubric pass continues from the plain pass's keys and
+    values instead of forwarding again what the two share. A record's rubric-conditioned sequence
+    is its plain context up to the slot, then the rubric: those first positions are the plain
+    pass's, same tokens, same weights. The plain pass keeps the keys/values of every record no
+    other extends (prefill.PrefixCache), and each record's rubric, observation and response
+    continue at its slot from the kept sequence sharing its longest prefix; only those are
+    forwarded. Δ's two terms then read the same numbers for their shared context. `plain` when
+    given must have run with keep_prefixes for this to apply.
     """
     if plain is None:
-        plain = plain_replay(model, records, temperature, token_budget, fused, lockstep, share_prefix, reuse_frozen)
+        plain = plain_replay(model, records, temperature, token_budget, fused, lockstep, share_prefix, reuse_frozen,
+                             keep_prefixes=reuse_plain and any(r is not None for r in record_rubrics))
     packed, old = plain.packed, plain.old_logprobs
     spliced = splice_privileged(packed, records, record_rubrics)
     eligible, pos_map = spliced.eligible, spliced.pos_map
+    prefixes, plain.prefixes = (plain.prefixes if reuse_plain else None), None  # held only until the rubric pass
     if eligible.any() or lockstep:
         with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
-                                      temperature, token_budget, fused, lockstep, share_prefix)
+                                      temperature, token_budget, fused, lockstep, share_prefix, prefixes=prefixes)
     else:
         pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
     advantages, delta, valid = ops.shape_advantages(

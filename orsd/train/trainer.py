@@ -205,7 +205,8 @@ class Trainer:
         records = [r for g in groups for t in g.trajectories for r in t.records]
         return plain_replay(self.policy, records, cfg.rollout.temperature, cfg.replay.token_budget,
                             cfg.replay.fused, self.replay_lockstep, cfg.replay.share_prefix,
-                            reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None)
+                            reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None,
+                            keep_prefixes=cfg.replay.reuse_plain and self.method.writes_bundles)
 
     def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list,
                       plain: PlainReplay | None = None) -> ReplayResult:
@@ -229,7 +230,8 @@ class Trainer:
         return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
                              cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
                              self.replay_lockstep, cfg.replay.share_prefix,
-                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None, plain=plain)
+                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None, plain=plain,
+                             reuse_plain=cfg.replay.reuse_plain)
 
     def reference_logprobs(self, replay: ReplayResult | PlainReplay) -> torch.Tensor:
         if not self.config.optim.kl_coef:

@@ -97,6 +97,52 @@ def test_paired_replay_forwards_what_a_step_shares_once(tiny_model):
     torch.testing.assert_close(shared.delta, whole.delta, rtol=0, atol=4e-5)
 
 
+@pytest.mark.parametrize("token_budget", [48, 4096])  # branch batches split by the budget / one batch
+def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget):
+    """replay.reuse_plain: the rubric pass starts each record's sequence from the plain pass's keys
+    and values at its slot. Same log-probs, Δ and advantages as recomputing the shared context
+    (fp32), and the rubric pass forwards only each record's rubric and what follows its slot
+    (a one-token overlap at most, where the rubric's first token is the one after the slot)."""
+    from orsd.train.replay import plain_replay
+
+    records = group_records(seed=6, history=True)
+    rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
+    advantages = [float(i % 3) - 1 for i in range(len(records))]
+    plain = plain_replay(tiny_model, records, 1.0, token_budget, keep_prefixes=True)
+    kept = plain.prefixes
+    # kept: each trajectory's last turn and the unrelated record, whose sequences no other extends
+    sequences = {tuple(r.context_ids + r.response_ids) for r in records}
+    ends = {s for s in sequences if not any(o != s and o[:len(s)] == s for o in sequences)}
+    assert {tuple(s) for s in kept.sequences} == ends and len(ends) == 6 + 1 < len(sequences)
+    assert all(len(kv) == len(tiny_model.get_decoder().layers) for kv in kept.kv)
+    reused, reused_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
+        tiny_model, records, advantages, privileged, 0.3, 1.0, token_budget, plain=plain))
+    assert plain.prefixes is None  # released once the rubric pass ran
+    again, again_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
+        tiny_model, records, advantages, privileged, 0.3, 1.0, token_budget, plain=plain_replay(
+            tiny_model, records, 1.0, token_budget), reuse_plain=False))
+    assert reused.valid.sum() > 0 and torch.equal(reused.valid, again.valid)
+    torch.testing.assert_close(reused.old_logprobs, again.old_logprobs, rtol=0, atol=0)
+    torch.testing.assert_close(reused.delta, again.delta, rtol=0, atol=4e-5)
+    torch.testing.assert_close(reused.advantages, again.advantages, rtol=0, atol=2e-5)
+    branches = sum(len(p) + r.num_tokens - r.rubric_slot for r, p in zip(records, privileged) if p is not None)
+    assert reused_tokens <= branches < again_tokens
+
+
+def test_prefix_cache_refuses_frozen_states_and_picks_the_longest(tiny_model):
+    from orsd.engines.prefill import PrefixCache, shared_prefix_hidden
+
+    cache = PrefixCache()
+    kv = [(torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]
+    cache.add([1, 2, 3, 4], kv)
+    cache.add([1, 2, 5, 6], kv)
+    assert cache.longest([1, 2, 5, 9]) == (1, 3) and cache.longest([1, 2, 3, 4, 7]) == (0, 4)
+    assert cache.longest([9, 1]) == (-1, 0)
+    with pytest.raises(ValueError, match="not with states"):
+        shared_prefix_hidden(tiny_model, [[1, 2, 3]], [[1]], states=[torch.zeros(3, 8)], split=1, prefixes=cache)
+
+
 def test_shared_prefix_under_bf16_autocast(tiny_model):
     """The default run replays under bf16 autocast: the two paths agree to bf16 precision."""
     records, privileged = records_and_rubrics(seed=1)
@@ -121,10 +167,11 @@ def test_no_rubric_anywhere_gives_the_plain_pass(tiny_model):
     assert torch.equal(shared.advantages, whole.advantages)
 
 
-def group_records(seed=1):
+def group_records(seed=1, history=False):
     """What a step's records share: one system prompt, two tasks with three episodes each, later
-    turns whose context extends an earlier turn's (a full history), a repeated record, and a
-    record with a one-token response."""
+    turns whose context extends an earlier turn's (a full history: with `history`, its response
+    too, as a rollout's records are, and the rubric slot before each turn's observation), a repeated
+    record, and a record with a one-token response."""
     rng = random.Random(seed)
     tokens = lambda n: [rng.randrange(3, 90) for _ in range(n)]  # noqa: E731
     system = tokens(12)
@@ -132,10 +179,13 @@ def group_records(seed=1):
     for _ in range(2):
         task = system + tokens(9)
         for _ in range(3):
-            context = task + tokens(rng.randint(1, 5))
+            context, slot = task + tokens(rng.randint(1, 5)), len(task)
             for turn in range(3):
-                records.append(record(context, tokens(rng.randint(1, 5)), len(task)))
-                context = context + tokens(rng.randint(2, 6))  # the next turn extends this context
+                records.append(record(context, tokens(rng.randint(1, 5)), slot))
+                # the next turn extends this context; with `history` its slot is where its new
+                # observation starts (rubric.placement=observation), else after the task
+                seen = context + records[-1].response_ids * history
+                context, slot = seen + tokens(rng.randint(2, 6)), (len(seen) if history else slot)
     records.append(record(records[4].context_ids, records[4].response_ids, 0))
     records.append(record(tokens(7), [5], 0))
     return records
