@@ -98,23 +98,28 @@ def test_paired_replay_forwards_what_a_step_shares_once(tiny_model):
 
 
 @pytest.mark.parametrize("token_budget", [48, 4096])  # branch batches split by the budget / one batch
-def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget):
+# a full history: a trajectory's turns chain, its last turn kept for all; or turns that do not
+# chain (as on the default shape, where histories render earlier replies differently): every
+# distinct record kept, the rubric pass's rows each from another kept sequence
+@pytest.mark.parametrize(("history", "kept_count"), [(True, 6 + 1), (False, 18 + 1)])
+def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget, history, kept_count):
     """replay.reuse_plain: the rubric pass starts each record's sequence from the plain pass's keys
     and values at its slot. Same log-probs, Δ and advantages as recomputing the shared context
     (fp32), and the rubric pass forwards only each record's rubric and what follows its slot
-    (a one-token overlap at most, where the rubric's first token is the one after the slot)."""
+    (fewer where the rubric starts with the tokens that follow the slot in a kept sequence)."""
     from orsd.train.replay import plain_replay
 
-    records = group_records(seed=6, history=True)
+    records = group_records(seed=6, history=history)
     rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
     privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
     advantages = [float(i % 3) - 1 for i in range(len(records))]
     plain = plain_replay(tiny_model, records, 1.0, token_budget, keep_prefixes=True)
     kept = plain.prefixes
-    # kept: each trajectory's last turn and the unrelated record, whose sequences no other extends
+    # kept: the sequences no other extends (with a history, each trajectory's last turn), and the
+    # unrelated record
     sequences = {tuple(r.context_ids + r.response_ids) for r in records}
     ends = {s for s in sequences if not any(o != s and o[:len(s)] == s for o in sequences)}
-    assert {tuple(s) for s in kept.sequences} == ends and len(ends) == 6 + 1 < len(sequences)
+    assert {tuple(s) for s in kept.sequences} == ends and len(ends) == kept_count <= len(sequences)
     assert all(len(kv) == len(tiny_model.get_decoder().layers) for kv in kept.kv)
     reused, reused_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
         tiny_model, records, advantages, privileged, 0.3, 1.0, token_budget, plain=plain))
