@@ -9,7 +9,7 @@ rubric pass, off then on. The rubric is a fixed 6-criterion message (its ids are
 record's slot as B*'s would be): what the pass costs depends on its length, not on its words, and
 a fixed one leaves the verifier and the bundles' sampling out of the comparison. Δ of both is
 compared with Δ of whole padded forwards (`replay.share_prefix=false`). The first rollout
-of up to 6 seeded draws in which every group's rewards differ is used, as benchmarks/step.py does.
+of up to 6 seeded draws in which every group's rewards differ is used (step.differing_rollout).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
 from orsd.train.replay import paired_replay, plain_replay  # noqa: E402
-from orsd.train.trainer import seed_everything  # noqa: E402
+from step import differing_rollout  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 RUBRIC = "Rubric for this task:\n" + "\n".join(
@@ -61,12 +61,7 @@ def main(argv: list[str]) -> dict:
     config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
     host = cpu_description()
     trainer, _ = build(config, None, None, log=lambda *_: None)
-    for draw in range(6):
-        with autocast(trainer.policy, config.model.autocast):
-            seed_everything(config.train.seed + draw, 0)
-            groups = trainer.rollout(trainer.sample_tasks())
-        if all(g.rewards_differ for g in groups):
-            break
+    groups, _, _ = differing_rollout(trainer)
     records = [r for g in groups for t in g.trajectories for r in t.records]
     rubric = bundles.rubric_ids(trainer.tokenizer, RUBRIC, config.rubric.context_role)
     rubrics = [rubric if r.rubric_slot >= 0 else None for r in records]

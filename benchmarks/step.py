@@ -65,6 +65,22 @@ def _order(rounds: int) -> list[str]:
     return [n for r in range(rounds) for n in (("grpo", "orsd") if r % 2 == 0 else ("orsd", "grpo"))]
 
 
+def differing_rollout(trainer: Trainer) -> tuple[list, float, int]:
+    """(groups, seconds of its rollout, draws taken): the first of up to 6 seeded rollouts in which
+    every group's rewards differ. A step's cost depends on how many groups write bundles (only
+    groups whose rewards differ do), so a benchmark must not leave that to chance."""
+    config = trainer.config
+    for draw in range(1, 7):
+        with autocast(trainer.policy, config.model.autocast):
+            seed_everything(config.train.seed + draw - 1, 0)
+            start = time.perf_counter()
+            groups = trainer.rollout(trainer.sample_tasks())
+            seconds = time.perf_counter() - start
+        if all(g.rewards_differ for g in groups):
+            return groups, seconds, draw
+    raise SystemExit("benchmarks: no rollout out of 6 had differing rewards in every group")
+
+
 def main(argv: list[str]) -> dict:
     rounds = 2
     if argv[:1] == ["--rounds"]:
@@ -77,18 +93,7 @@ def main(argv: list[str]) -> dict:
     grpo_config = copy.deepcopy(config)
     grpo_config.method.name = "grpo"
     grpo = Trainer(grpo_config, copy.deepcopy(orsd.policy), orsd.tokenizer, orsd.reference, None, orsd.env)
-    # The ratio depends on how many groups write bundles (only groups whose rewards differ do), so
-    # the benchmark takes the first rollout in which every group's rewards differ, up to 6 draws.
-    for draw in range(1, 7):
-        with autocast(orsd.policy, config.model.autocast):
-            seed_everything(config.train.seed + draw - 1, 0)
-            start = time.perf_counter()
-            groups = orsd.rollout(orsd.sample_tasks())
-            rollout_seconds = time.perf_counter() - start
-        if all(g.rewards_differ for g in groups):
-            break
-    else:
-        raise SystemExit("benchmarks/step.py: no rollout out of 6 had differing rewards in every group")
+    groups, rollout_seconds, draw = differing_rollout(orsd)
     # the same batch through both methods' whole step, each method on its own policy (its first
     # step from the initial weights, a later one from its own update), GRPO ORSD ORSD GRPO ...
     runs: dict[str, list] = {"grpo": [], "orsd": []}
