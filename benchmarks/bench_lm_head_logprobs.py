@@ -13,9 +13,9 @@ backward into hidden and the head; the entropy is a metric, as in orsd.train.rep
                  gradient filter (filter_eps="high": skips tiles of tiny probabilities) and
                  without it (exact); it computes no entropy.
 
-V = 151,936 (Qwen3's vocabulary), bf16. Every device also runs the quick case T = 512, H = 256
-(the only one under --orsd-quick). GPU: H = 2,048 and T in {2,048, 16,384, 32,768}. CPU (2
-cores): T in the same set, with H cut so that each case is the same 5.1 TFLOP as T = 2,048 at
+V = 151,936 (Qwen3's vocabulary), bf16 (fp32 on a CPU without native bf16: `bench_dtype`). Every
+device also runs the quick case T = 512, H = 256 (the only one under --orsd-quick). GPU: H = 2,048
+and T in {2,048, 16,384, 32,768}. CPU (2 cores): T in the same set, with H cut so that each case is the same 5.1 TFLOP as T = 2,048 at
 H = 2,048 (H = 256 at T = 16,384, H = 128 at T = 32,768): T x V, which sets the torch paths'
 memory, is kept; torch_full is left out where its logits alone would not fit in RAM.
 
@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import _C
 from orsd.ops import lm_head_logprobs
+from orsd.train.model import NATIVE_BF16_FLAGS, cpu_flags
 
 lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module (the package exports the function)
 try:
@@ -107,6 +108,15 @@ _inputs: dict = {}
 _anchors: dict = {}
 
 
+def bench_dtype(device) -> torch.dtype:
+    """bf16 on CUDA and on a CPU that runs it natively (AMX / AVX-512-BF16); fp32 on any other CPU,
+    as a run there computes (model.autocast=auto keeps fp32): emulated bf16 matmuls made the quick
+    case alone take over 10 minutes on the AVX2-only EPYC of 2026-12-04."""
+    if device.type != "cpu" or any(flag in cpu_flags() for flag in NATIVE_BF16_FLAGS):
+        return torch.bfloat16
+    return torch.float32
+
+
 def inputs(T, H, dtype, device):
     key = (T, H, dtype, str(device))
     if key not in _inputs:
@@ -149,7 +159,7 @@ def run_case(op_bench, quick, T, H, provider, device):
         pytest.skip("--orsd-quick runs only the smallest case")
     if provider == "torch_full" and device.type == "cpu" and not fits_in_ram(T):
         pytest.skip(f"torch_full at T={T} needs ~{5 * T * V * 4 / 2**30:.0f} GiB of T x V tensors")
-    dtype = torch.bfloat16
+    dtype = bench_dtype(device)
     hidden, weight, targets = inputs(T, H, dtype, device)
     step_fn = STEPS[provider]
 
@@ -158,7 +168,7 @@ def run_case(op_bench, quick, T, H, provider, device):
         lp, _ = step_fn(hidden, weight, targets)
         lp.sum().backward()
 
-    case = f"T={T} H={H} V={V} bf16 fwd+bwd"
+    case = f"T={T} H={H} V={V} {'bf16' if dtype == torch.bfloat16 else 'f32'} fwd+bwd"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     try:
         op_bench.run(step, op="lm_head_logprobs", case=case, provider=provider, device=device, elements=T * V)

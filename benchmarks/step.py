@@ -8,7 +8,11 @@ ORSD, GRPO (`--rounds 2`, the default): a host whose speed drifts during the run
 steal) then weighs on both methods alike, where one GRPO step before one ORSD step charged all of
 the drift to one of them. Stage seconds are the mean over each method's steps (every step is in
 `grpo_runs` / `orsd_runs`). The verifier's time is reported apart: the target is ORSD/GRPO <= 1.25
-excluding verifier calls, for the whole step (rollout included) and for the stages after it.
+excluding verifier calls, for the whole step (rollout included) and for the stages after it. The
+ratio is ORSD's whole cost only where every group of every ORSD step had a bundle selected: a group
+whose bundles all fail to parse skips the verifier and the rubric pass, so such a run is marked
+`"complete": false` and its table says NOT COMPARABLE (on the AVX2-only EPYC of 2026-12-04, in fp32,
+the first ORSD step parsed none of its 4 bundles).
 
     python benchmarks/step.py [--rounds N] [section.key=value ...]   # defaults: the CPU default
     writes benchmarks/results/step_<device>.json and prints a table
@@ -126,6 +130,11 @@ def main(argv: list[str]) -> dict:
         "context_tokens": sum(len(r.context_ids) for g in groups for t in g.trajectories for r in t.records),
         "groups_with_bundle": orsd_result["groups_with_bundle"],
         "bundles_parsed": orsd_result["bundles_parsed"],
+        # per ORSD step; the ratio is ORSD's whole cost only where every group of every ORSD step
+        # had a bundle selected (a group without one skips its verifier calls and rubric pass)
+        "orsd_groups_with_bundle": [r["metrics"]["groups_with_bundle"] for r in runs["orsd"]],
+        "orsd_bundles_parsed": [r["metrics"]["bundles_parsed"] for r in runs["orsd"]],
+        "complete": all(r["metrics"]["groups_with_bundle"] == 1.0 for r in runs["orsd"]),
         "valid_action_rate": orsd_result["valid_action_rate"],
         "rollout_seconds": rollout_seconds,
         "order": " ".join(_order(rounds)),
@@ -160,6 +169,9 @@ def format_table(r: dict) -> str:
     rows.append(f"steps in the order {r['order']} (stage seconds: the mean per method)")
     rows.append(f"ORSD/GRPO excluding verifier: whole step {r['ratio_step_excluding_verifier']:.2f}, "
                 f"after the rollout {r['ratio_after_rollout_excluding_verifier']:.2f} (target <= 1.25)")
+    if not r["complete"]:
+        rows.append(f"NOT COMPARABLE: groups with a bundle per ORSD step {r['orsd_groups_with_bundle']} (bundles "
+                    f"parsed {r['orsd_bundles_parsed']}): those groups skipped the verifier and the rubric pass")
     m = r["machine"]
     rows.append(f"{m['cpu']} ({', '.join(m['isa'])}), {m['torch_threads']} threads, load before "
                 f"{m['load_average_1_5_15'][0]:.2f}, after {r['load_average_after'][0]:.2f}; CPU seconds after the "

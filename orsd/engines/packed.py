@@ -17,6 +17,7 @@ forward. The packs live as long as the context (the weights change at every upda
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -27,10 +28,28 @@ MAX_ROWS = 16
 
 
 def available(model) -> bool:
-    """A CPU model, torch built with oneDNN, and bf16 autocast active now."""
+    """A CPU model, torch built with oneDNN, bf16 autocast active now, and a CPU on which oneDNN packs
+    bf16 weights (`packs_bf16`)."""
     parameter = next(model.parameters(), None)
     return (parameter is not None and parameter.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+            and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and packs_bf16())
+
+
+@functools.cache
+def packs_bf16() -> bool:
+    """Whether oneDNN packs a bf16 weight on this CPU: it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT and
+    refuses otherwise ("bf16 path needs the cpu support ..."). Asked of oneDNN itself with one small
+    weight, once per process, rather than read from flags that torch does not expose. On an AVX2-only
+    CPU a run that asks for `model.autocast: bfloat16` (auto picks fp32 there) decoded with the
+    model's own forwards instead of stopping at the first bundle (2026-12-04)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -127,9 +127,11 @@ def test_warm_start_reusing_frozen_states_fits_the_same_weights(four_layers, tin
     (reused, reused_weights, reused_calls), (whole, whole_weights, whole_calls) = runs
     assert len(reused) == 6 and reused == pytest.approx(whole, rel=1e-4, abs=1e-6) and reused[-1] < reused[0]
     for a, b, start in zip(reused_weights, whole_weights, initial):
-        # AdamW moves an element whose gradient is ~0 by up to lr on rounding alone: compare each
-        # tensor's difference with how far the fit moved it
-        assert float((a - b).abs().max()) <= 0.01 * float((b - start).abs().max()) + 1e-7
+        # AdamW moves an element whose gradient is ~0 by up to lr on rounding alone (its first step is
+        # lr * sign(g)), so a single element may differ by a sizeable part of the fit's largest move
+        # (on an AVX2-only CPU one did: 0.0016 of 0.060): compare each tensor's whole difference with
+        # how far the fit moved it
+        assert float((a - b).norm()) <= 0.01 * float((b - start).norm()) + 1e-7
     assert reused_calls <= 4  # serves()'s check (two), the six along their prefix tree (a trunk, a batch)
     assert whole_calls >= 6  # every micro-batch of both epochs
 

@@ -9,15 +9,46 @@ from torch.profiler import profile
 
 from orsd.engines import decode as decode_module
 from orsd.engines.hf import HfEngine, Sampling
-from orsd.engines.packed import MAX_ROWS, is_packed, packed_linears
+from orsd.engines import packed as packed_module
+from orsd.engines.packed import MAX_ROWS, is_packed, packed_linears, packs_bf16
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+# a hardware condition, not a choice: oneDNN refuses to pack bf16 weights on an AVX2-only CPU, where
+# the test below this one's marks checks that decoding takes the layers' own forwards instead
+needs_packing = pytest.mark.skipif(not packs_bf16(), reason="oneDNN packs no bf16 weight on this CPU "
+                                   "(needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
 
 
 def packed_calls(prof) -> int:
     return sum(1 for e in prof.events() if e.name == "mkldnn::_linear_pointwise")
 
 
+def test_a_cpu_that_cannot_pack_bf16_decodes_with_the_layers_own_forward(tiny_model, tiny_tokenizer, monkeypatch):
+    """On an AVX2-only CPU oneDNN refuses to pack (packs_bf16() is False there for real; forced here so
+    every host checks it): packed_linears packs nothing and decoding under bf16 autocast runs."""
+    monkeypatch.setattr(packed_module, "packs_bf16", lambda: False)
+    prompts = [tiny_tokenizer.encode(text, add_special_tokens=False) for text in ("the agent clicks", "yes no")]
+    engine = HfEngine(tiny_model.eval(), tiny_tokenizer)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with packed_linears(tiny_model):
+            assert not any(is_packed(m) for m in tiny_model.modules())
+        torch.manual_seed(3)
+        with profile() as prof:
+            generated = engine.generate(prompts, Sampling(temperature=1.0, max_new_tokens=6))
+    assert packed_calls(prof) == 0
+    assert all(len(g.ids) >= 1 for g in generated)
+
+
+def test_packs_bf16_says_what_onednn_does():
+    weight = torch.zeros(16, 16, dtype=torch.bfloat16)
+    if packs_bf16():
+        assert torch.ops.mkldnn._reorder_linear_weight(weight, 1).numel() > 0
+    else:
+        with pytest.raises(RuntimeError, match="bf16"):
+            torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+@needs_packing
 def test_sampled_generation_is_bitwise_the_same_packed_or_not(tiny_model, tiny_tokenizer, monkeypatch):
     prompts = [tiny_tokenizer.encode(text, add_special_tokens=False)
                for text in ("the agent clicks", "Task: put a clean apple in the fridge.", "yes no")]
@@ -39,6 +70,7 @@ def test_sampled_generation_is_bitwise_the_same_packed_or_not(tiny_model, tiny_t
     assert not any(is_packed(m) for m in tiny_model.modules())  # forwards restored on exit
 
 
+@needs_packing
 def test_few_rows_take_the_packed_weight_and_match_autocast_bitwise():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 96, bias=False)  # fp32, requires grad: the trainable layers' case
@@ -76,6 +108,7 @@ def test_calls_it_does_not_serve_take_the_layers_own_forward():
         assert not is_packed(layer)  # a batch of more rows than it serves: no packing at all
 
 
+@needs_packing
 def test_biased_zero3_placeholder_and_hooked_layers_are_left_alone():
     biased = torch.nn.Linear(8, 8)
     placeholder = torch.nn.Linear(8, 8, bias=False)
