@@ -13,8 +13,8 @@ from orsd.engines import packed as packed_module
 from orsd.engines.packed import MAX_ROWS, is_packed, packed_linears, packs_bf16
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-# a hardware condition, not a choice: oneDNN refuses to pack bf16 weights on an AVX2-only CPU, where
-# the test below this one's marks checks that decoding takes the layers' own forwards instead
+# a hardware condition, not a choice: oneDNN refuses to pack bf16 weights on an AVX2-only CPU; there
+# test_a_cpu_that_cannot_pack_bf16_... (which runs everywhere) is the case that matters
 needs_packing = pytest.mark.skipif(not packs_bf16(), reason="oneDNN packs no bf16 weight on this CPU "
                                    "(needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
 
