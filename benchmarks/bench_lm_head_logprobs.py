@@ -15,9 +15,9 @@ backward into hidden and the head; the entropy is a metric, as in orsd.train.rep
 
 V = 151,936 (Qwen3's vocabulary), bf16 (fp32 on a CPU without native bf16: `bench_dtype`). Every
 device also runs the quick case T = 512, H = 256 (the only one under --orsd-quick). GPU: H = 2,048
-and T in {2,048, 16,384, 32,768}. CPU (2 cores): T in the same set, with H cut so that each case is the same 5.1 TFLOP as T = 2,048 at
-H = 2,048 (H = 256 at T = 16,384, H = 128 at T = 32,768): T x V, which sets the torch paths'
-memory, is kept; torch_full is left out where its logits alone would not fit in RAM.
+and T in {2,048, 16,384, 32,768}. CPU (2 cores): T in the same set, with H cut so that each case
+is the same 5.1 TFLOP as T = 2,048 at H = 2,048 (H = 256 at T = 16,384, H = 128 at T = 32,768):
+T x V, which sets the torch paths' memory, is kept; torch_full is left out where its logits alone would not fit in RAM.
 
 Peak extra memory is benchmarks/conftest.py's (the rise of the process's peak RSS over the RSS
 before the call, measured on its own call). A step first drops the previous step's gradients, as
@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import _C
 from orsd.ops import lm_head_logprobs
-from orsd.train.model import NATIVE_BF16_FLAGS, cpu_flags
+from orsd.train.model import native_bf16
 
 lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module (the package exports the function)
 try:
@@ -112,7 +112,7 @@ def bench_dtype(device) -> torch.dtype:
     """bf16 on CUDA and on a CPU that runs it natively (AMX / AVX-512-BF16); fp32 on any other CPU,
     as a run there computes (model.autocast=auto keeps fp32): emulated bf16 matmuls made the quick
     case alone take over 10 minutes on the AVX2-only EPYC of 2026-12-04."""
-    if device.type != "cpu" or any(flag in cpu_flags() for flag in NATIVE_BF16_FLAGS):
+    if device.type != "cpu" or native_bf16():
         return torch.bfloat16
     return torch.float32
 

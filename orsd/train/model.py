@@ -276,6 +276,12 @@ def cpu_flags() -> set[str]:
     return flags
 
 
+def native_bf16(flags: set[str] | None = None) -> list[str]:
+    """The NATIVE_BF16_FLAGS among `flags` (default: this CPU's `cpu_flags()`)."""
+    flags = cpu_flags() if flags is None else flags
+    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+
+
 def probe_bf16_speedup(hidden_size: int, intermediate_size: int, rows: int = 256,
                        budget_seconds: float = 1.0) -> float:
     """fp32 time / bf16-autocast time of one [rows, hidden] @ [hidden, intermediate] matmul (the
@@ -322,8 +328,7 @@ def choose_autocast(requested: str, device: torch.device | str, weights_dtype: t
     device = torch.device(device)
     if requested != "auto":
         reason = f"model.autocast={requested!r} set in the config"
-        if requested == "bfloat16" and device.type == "cpu" and not any(
-                flag in (cpu_flags() if flags is None else flags) for flag in NATIVE_BF16_FLAGS):
+        if requested == "bfloat16" and device.type == "cpu" and not native_bf16(flags):
             reason += (", though this CPU has no AMX/AVX-512-BF16: its bf16 matmuls are emulated, 10-30x slower "
                        "than fp32 on AVX2 ('auto' measures before it chooses)")
         return Precision(requested, requested, reason)
@@ -336,8 +341,7 @@ def choose_autocast(requested: str, device: torch.device | str, weights_dtype: t
         return Precision(requested, "", f"{torch.cuda.get_device_name(device)} has no bf16 support")
     if device.type != "cpu":
         return Precision(requested, "", f"no bf16 rule for device {device.type!r}: fp32")
-    flags = cpu_flags() if flags is None else flags
-    native = [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+    native = native_bf16(flags)
     if native:
         return Precision(requested, "bfloat16", f"the CPU runs bf16 natively ({', '.join(native)})")
     speedup = (probe or (lambda: probe_bf16_speedup(hidden_size, intermediate_size)))()

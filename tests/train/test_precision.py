@@ -168,6 +168,7 @@ print(json.dumps({"lines": lines, "threads": torch.get_num_threads()}))
     assert "0.25x" in recorded["precision"]["reason"]
     assert result["threads"] == recorded["torch_threads"] == 1
 
+
 def test_bf16_asked_for_on_a_cpu_without_it_is_kept_and_said_to_be_emulated():
     asked = choose_autocast("bfloat16", "cpu", torch.float32, **SHAPE, flags={"avx2", "fma"}, probe=never_probe)
     assert asked.autocast == "bfloat16" and "emulated" in asked.reason and "set in the config" in asked.reason
