@@ -59,7 +59,7 @@ def measure(steps: int, batch_size: int, spin: bool) -> dict:
 
     def fit(chosen):
         warm_start(policy, chosen, 1, w.lr, batch_size, precision=precision, micro_batch_tokens=w.micro_batch_tokens,
-                   train_layers=w.train_layers)
+                   train_layers=w.train_layers, detach_context=w.detach_context, token_budget=config.replay.token_budget)
 
     fit(demos[:batch_size])
     timed = demos[batch_size:(steps + 1) * batch_size]

@@ -351,6 +351,10 @@ class WarmStartConfig:
     reuse_frozen: bool = doc(True, "with train_layers, forward the frozen layers below once per demonstration "
                              "and start every epoch's forwards from their output (engines/frozen.py); "
                              "off: every epoch forwards every layer")
+    detach_context: bool = doc(False, "forward each demonstration's context without a graph and backpropagate "
+                               "through its answer alone (the gradient leaves out how the fitted weights move the "
+                               "context's keys/values; the default's fit 2x faster in fp32: "
+                               "docs/training.md); needs full attention and no gradient checkpointing")
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)", ge=0, le=1)
     bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
                             "mixed in, so a small policy keeps writing numbered bundles", ge=0)

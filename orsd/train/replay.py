@@ -265,7 +265,8 @@ def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
                    temperature: float, chunk_tokens: int = 1024, precision: str = "",
                    chunk_term=None, lm_head: str = "fused", share_prefix: bool = False,
-                   frozen_states: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   frozen_states: tuple | None = None,
+                   hidden_rows=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Differentiable log-probs, detached entropies and, with `chunk_term`, a differentiable
     per-token term of the response tokens of one micro-batch.
 
@@ -283,14 +284,16 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
     micro-batch's sequences share forwarded once (engines/prefill.py), where the model serves it.
     `frozen_states` = (split, states): each sequence s's states entering layer `split`, from
     frozen layers below it computed once (engines/frozen.py); only the layers from `split` up run.
+    `hidden_rows(model, ids, cu, batch, positions, frozen_states=...)`, when given, computes the final
+    hidden states in place of the forwards above (the warm start's detached contexts).
     """
     if lm_head not in ("fused", "chunked"):
         raise ValueError(f"lm_head: {lm_head!r}; expected 'fused' or 'chunked'")
     fn, extra = chunk_term if chunk_term is not None else (None, ())
     with autocast(model, precision):
-        shared = share_prefix and prefill.serves(model)
-        hidden = (_shared_hidden_rows if shared else _hidden_rows)(model, ids, cu, batch, positions,
-                                                                   frozen_states=frozen_states)
+        if hidden_rows is None:
+            hidden_rows = _shared_hidden_rows if share_prefix and prefill.serves(model) else _hidden_rows
+        hidden = hidden_rows(model, ids, cu, batch, positions, frozen_states=frozen_states)
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
         if lm_head == "fused" and fn is None and fused_head_serves(head):

@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -108,7 +109,7 @@ def answer_ids(tokenizer, text: str) -> list[int]:
 def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int, seed: int = 0,
                progress=None, precision: str = "", micro_batch_tokens: int = 2048,
                lm_head: str = "fused", train_layers: int = 0, share_prefix: bool = False,
-               reuse_frozen: bool = True, token_budget: int = 4096) -> list[float]:
+               reuse_frozen: bool = True, token_budget: int = 4096, detach_context: bool = False) -> list[float]:
     """Cross-entropy on the demonstration answers only (mean over a batch's answer tokens);
     returns the loss of every optimizer step. Each batch of `batch_size` demonstrations is split
     into micro-batches of at most `micro_batch_tokens` padded tokens, so memory stays bounded
@@ -116,11 +117,17 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
     `share_prefix` forwards what a micro-batch's demonstrations share once (see train_logprobs).
     `reuse_frozen`: the layers below the fitted ones run once per demonstration, before the first
     epoch, and every forward of the fit starts from their output (`frozen_base`), in forwards of
-    `token_budget` padded tokens (replay.token_budget: they keep no graph)."""
+    `token_budget` padded tokens (replay.token_budget: they keep no graph). `detach_context`: each
+    demonstration's context runs without a graph (`detached_context_hidden`), so the backward covers
+    only the answers; `micro_batch_tokens` then bounds the answers' tokens, and the contexts' no-grad
+    forwards `token_budget`."""
+    if detach_context and not prefill.serves(model):
+        raise ValueError("warm_start.detach_context: needs a model whose keys/values can be cut per row "
+                         "(full attention, no gradient checkpointing); set warm_start.detach_context=false")
     with fitted_layers(model, train_layers):
         base = frozen_base(model, demos, precision, token_budget) if reuse_frozen else None
         return _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head,
-                    share_prefix, base)
+                    share_prefix, base, token_budget if detach_context else 0)
 
 
 def frozen_base(model, demos: list[Demo], precision: str, token_budget: int) -> tuple | None:
@@ -142,7 +149,8 @@ def frozen_base(model, demos: list[Demo], precision: str, token_budget: int) -> 
 
 
 def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head,
-         share_prefix, base=None) -> list[float]:
+         share_prefix, base=None, detached_budget: int = 0) -> list[float]:
+    """`detached_budget` > 0: contexts without a graph (see warm_start), forwarded in that many padded tokens."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []
@@ -156,11 +164,15 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
             answer_tokens = sum(len(demos[i].response_ids) for i in order[start:start + batch_size])
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for batch in budget_batches(packed.lengths, micro_batch_tokens):
+            # detached, only each answer and the context token before it are forwarded under autograd
+            graphed = ([len(demos[i].response_ids) + 1 for i in order[start:start + batch_size]] if detached_budget
+                       else packed.lengths)
+            rows = partial(detached_context_hidden, token_budget=detached_budget) if detached_budget else None
+            for batch in budget_batches(graphed, micro_batch_tokens):
                 positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
                 logprobs, _, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
                                                 precision=precision, lm_head=lm_head, share_prefix=share_prefix,
-                                                frozen_states=states)
+                                                frozen_states=states, hidden_rows=rows)
                 loss = -logprobs.sum() / answer_tokens
                 loss.backward()
                 total += float(loss.detach())
@@ -173,6 +185,61 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
                 progress(total)
     optimizer.zero_grad(set_to_none=True)  # the fit's gradients: a model's size, and no use to what follows
     return losses
+
+
+def detached_context_hidden(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
+                            positions: list[torch.Tensor], frozen_states: tuple | None = None,
+                            token_budget: int = 0) -> torch.Tensor:
+    """replay._hidden_rows's final hidden states (predicting each position in `positions[i]` of sequence
+    batch[i]) with every position before a sequence's first predicting one, its context, forwarded
+    under no_grad: the contexts' keys/values are computed once without a graph (along their prefix
+    tree), and each answer with the context token before it continues from them under autograd.
+
+    The values are the whole forward's, up to floating-point order; the gradient is not. It leaves
+    out how the fitted layers' weights move the contexts' keys and values, so each step fits the
+    answers to contexts as the weights of that step encode them. The contexts are ~93% of the
+    default warm start's tokens (~25-token answers to ~450-token prompts), and a no-grad forward
+    costs about a third of a forward with its backward (measured: docs/training.md)."""
+    from orsd.engines.prefill import distinct_rows, tree_forward
+
+    decoder = model.get_decoder()
+    device = next(model.parameters()).device
+    sequences = [ids[int(cu[s]):int(cu[s + 1])].tolist() for s in batch]
+    needed = [(p - int(cu[s]) - 1).tolist() for s, p in zip(batch, positions)]
+    if any(not n for n in needed):
+        raise ValueError("detached_context_hidden: every sequence needs a position to predict")
+    rows, inverse = distinct_rows(sequences)
+    prompts = [sequences[row] for row in rows]
+    starts = [len(prompt) for prompt in prompts]
+    for i, p in enumerate(inverse):  # a repeated sequence: from the earliest position any copy predicts from
+        starts[p] = min(starts[p], needed[i][0])
+    if min(starts) < 1:  # a context of no token: nothing to detach, nothing to continue from
+        raise ValueError("detached_context_hidden: every sequence needs at least one context token")
+    contexts = [prompt[:start] for prompt, start in zip(prompts, starts)]
+    context_rows, context_of = distinct_rows(contexts)
+    kv: list[list[tuple] | None] = [None] * len(context_rows)
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    split, states = frozen_states if frozen_states is not None else (0, None)
+
+    def embed(prompt_rows: list[int]):  # the states entering layer `split`, per prompt index
+        if states is None:
+            return None
+        return lambda i, start, end: states[batch[rows[prompt_rows[i]]]][start:end].to(device)
+
+    def keep_kv(c: int, hidden, start: int, keys_values) -> None:
+        kv[c] = [(keys.clone(), values.clone()) for keys, values in keys_values()]  # not views of the batch
+
+    def keep_hidden(p: int, hidden, start: int, keys_values) -> None:
+        for i in (i for i, q in enumerate(inverse) if q == p):
+            out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
+
+    with frozen.layer_range(decoder, split, len(decoder.layers)) if states is not None else nullcontext():
+        with torch.no_grad():
+            tree_forward(decoder, decoder.config, [contexts[c] for c in context_rows], None, device, keep_kv,
+                         token_budget, embed=embed(context_rows))
+        tree_forward(decoder, decoder.config, prompts, None, device, keep_hidden, token_budget,
+                     embed=embed(list(range(len(prompts)))), base=([kv[c] for c in context_of], starts))
+    return torch.cat(out)
 
 
 @contextmanager
@@ -296,7 +363,7 @@ def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | N
                             micro_batch_tokens=w.micro_batch_tokens,
                             lm_head=config.optim.lm_head, train_layers=w.train_layers,
                             share_prefix=config.optim.share_prefix,
-                            reuse_frozen=w.reuse_frozen,
+                            reuse_frozen=w.reuse_frozen, detach_context=w.detach_context,
                             token_budget=config.replay.token_budget)  # before any DeepSpeed wrapping
     log(f"warm start: {actions} expert turns from {w.episodes} episodes + {len(demos) - actions} bundle "
         f"demonstrations, {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
