@@ -448,6 +448,9 @@ class Config:
             ("rubric.no_repeat_ngram_size", self.rubric.no_repeat_ngram_size == 0 or self.rollout.engine == "hf",
              "0 with rollout.engine=vllm (vLLM cannot ban n-grams)"),
             ("optim.dual_clip", self.optim.dual_clip == 0 or self.optim.dual_clip > 1, "0 (off) or a number > 1"),
+            ("warm_start.detach_context", not (self.warm_start.enabled and self.warm_start.detach_context
+                                               and self.model.gradient_checkpointing),
+             "false with model.gradient_checkpointing (its forwards keep no keys/values to continue from)"),
             ("distributed.zero_stage", self.distributed.zero_stage < 3 or self.rollout.engine == "vllm",
              "0, 1 or 2 with rollout.engine=hf (transformers cannot generate from ZeRO-3 shards)"),
             ("rubric.generation_template", _is_file_or_empty(self.rubric.generation_template),

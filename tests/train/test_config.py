@@ -168,6 +168,7 @@ EXTRA_OVERRIDES = {
     "rubric.no_repeat_ngram_size": ["rollout.engine=vllm"],  # the default run bans 4-grams: hf only
     "distributed.zero_stage": ["distributed.zero_stage=3"],  # with rollout.engine=hf
     "rollout.max_context_tokens": ["rollout.max_new_tokens=512", "rollout.max_context_tokens=512"],
+    "warm_start.detach_context": ["model.gradient_checkpointing=true"],  # the default fits detached
 }
 
 
