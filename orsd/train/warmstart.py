@@ -154,6 +154,7 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []
+    rows = partial(detached_context_hidden, token_budget=detached_budget) if detached_budget else None
     model.train()
     for _ in range(epochs):
         order = list(range(len(demos)))
@@ -167,7 +168,6 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
             # detached, only each answer and the context token before it are forwarded under autograd
             graphed = ([len(demos[i].response_ids) + 1 for i in order[start:start + batch_size]] if detached_budget
                        else packed.lengths)
-            rows = partial(detached_context_hidden, token_budget=detached_budget) if detached_budget else None
             for batch in budget_batches(graphed, micro_batch_tokens):
                 positions = batch_positions(packed.response_mask, packed.cu_seqlens, batch)
                 logprobs, _, _ = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions, 1.0,
@@ -211,8 +211,10 @@ def detached_context_hidden(model, ids: torch.Tensor, cu: torch.Tensor, batch: l
     rows, inverse = distinct_rows(sequences)
     prompts = [sequences[row] for row in rows]
     starts = [len(prompt) for prompt in prompts]
+    wanted: list[list[int]] = [[] for _ in prompts]
     for i, p in enumerate(inverse):  # a repeated sequence: from the earliest position any copy predicts from
         starts[p] = min(starts[p], needed[i][0])
+        wanted[p].append(i)
     if min(starts) < 1:  # a context of no token: nothing to detach, nothing to continue from
         raise ValueError("detached_context_hidden: every sequence needs at least one context token")
     contexts = [prompt[:start] for prompt, start in zip(prompts, starts)]
@@ -230,7 +232,7 @@ def detached_context_hidden(model, ids: torch.Tensor, cu: torch.Tensor, batch: l
         kv[c] = [(keys.clone(), values.clone()) for keys, values in keys_values()]  # not views of the batch
 
     def keep_hidden(p: int, hidden, start: int, keys_values) -> None:
-        for i in (i for i, q in enumerate(inverse) if q == p):
+        for i in wanted[p]:
             out[i] = hidden[torch.tensor(needed[i], device=hidden.device) - start]
 
     with frozen.layer_range(decoder, split, len(decoder.layers)) if states is not None else nullcontext():
