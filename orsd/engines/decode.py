@@ -111,7 +111,12 @@ class NGramBan:
                 scores[row, banned] = float("-inf")
 
     def extend(self, tokens: list[int]) -> None:
+        """One more token for every row."""
         for row, token in enumerate(tokens):
+            self.extend_row(row, [token])
+
+    def extend_row(self, row: int, tokens: list[int]) -> None:
+        for token in tokens:
             self.rows[row].append(token)
             if len(self.rows[row]) >= self.size:
                 self._add(row, len(self.rows[row]))
@@ -179,13 +184,12 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
         return _decode(model, prompts, cache, sampling, stop_ids, pad_id)
 
 
-def _decode(model, prompts, cache, sampling, stop_ids, pad_id):
+def prefill(model, prompts, cache, pad_id):
+    """Prompts into `cache` (left-padded). Returns the next-token logits [B, V], the attention mask
+    [B, W], each row's last position [B, 1], and the head and decoder a decode step runs (head None:
+    the model's own forward)."""
     device = next(model.parameters()).device
     input_ids, attention_mask = (t.to(device) for t in left_padded(prompts, pad_id))
-    temperature = 1.0 if sampling.greedy else sampling.temperature
-    ban = NGramBan(sampling.no_repeat_ngram_size, prompts) if sampling.no_repeat_ngram_size else None
-    stops = torch.tensor(stop_ids, device=device)
-    rows = input_ids.shape[0]
     # positions count real tokens only (left padding shares position 1, as in generate)
     positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     first, inverse = distinct_rows(prompts)
@@ -195,7 +199,7 @@ def _decode(model, prompts, cache, sampling, stop_ids, pad_id):
         kv, last = tree_prefill(decoder, model.config, [prompts[i] for i in first], device)
         lay_into(cache, kv, inverse, input_ids.shape[1])
         logits = head(last)[torch.tensor(inverse, device=device)]
-    elif len(first) == rows:
+    elif len(first) == len(prompts):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                        past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     else:  # repeated prompts (M bundles per group, a group's first turn) are prefilled once
@@ -205,26 +209,53 @@ def _decode(model, prompts, cache, sampling, stop_ids, pad_id):
         inverse = torch.tensor(inverse, device=device)
         logits = logits[inverse]
         cache.batch_select_indices(inverse)
-    position = positions[:, -1:]
+    return logits, attention_mask, positions[:, -1:], head, decoder
+
+
+def choose(raw: torch.Tensor, sampling, temperature: float, ban=None,
+           inverse_cdf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [n] sampled from fp32 logits [n, V] as the config says (`ban(scores)` sets banned
+    scores to -inf in place first), and their log-probs under the temperature-scaled policy [n].
+
+    `inverse_cdf` samples by one uniform per row against the cumulative probabilities instead of
+    `torch.multinomial` (transformers' draw, whose random stream the plain loop keeps): the same
+    distribution, and on the 2-core CPU 1.1 instead of 57 ms for 36 rows of 49,152 tokens."""
+    scores = raw.clone() if ban is not None else raw  # the ban writes in place; the rest copies
+    if ban is not None:
+        ban(scores)
+    if sampling.greedy:
+        choice = scores.argmax(dim=-1)
+    else:
+        scores = scores / temperature
+        if sampling.top_k:
+            scores = top_k_filter(scores, sampling.top_k)
+        if sampling.top_p < 1.0:
+            scores = top_p_filter(scores, sampling.top_p)
+        probs = scores.softmax(dim=-1)
+        if inverse_cdf:
+            cumulative = probs.cumsum(dim=-1)
+            uniform = torch.rand((len(probs), 1), device=probs.device) * cumulative[:, -1:]
+            # right=True: a token of zero probability (its cumulative equals the one before) is never hit
+            choice = torch.searchsorted(cumulative, uniform, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+        else:
+            choice = torch.multinomial(probs, num_samples=1).squeeze(1)
+    return choice, torch.log_softmax(raw / temperature, dim=-1).gather(-1, choice[:, None]).squeeze(-1)
+
+
+def _decode(model, prompts, cache, sampling, stop_ids, pad_id):
+    device = next(model.parameters()).device
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    ban = NGramBan(sampling.no_repeat_ngram_size, prompts) if sampling.no_repeat_ngram_size else None
+    stops = torch.tensor(stop_ids, device=device)
+    rows = len(prompts)
+    logits, attention_mask, position, head, decoder = prefill(model, prompts, cache, pad_id)
     unfinished = torch.ones(rows, dtype=torch.bool, device=device)
     ids, logprobs = [], []
     for step in range(sampling.max_new_tokens):
-        raw = logits.float()
-        scores = raw.clone() if ban is not None else raw  # the ban writes in place; the rest copies
-        if ban is not None:
-            ban.apply(scores)
-        if sampling.greedy:
-            choice = scores.argmax(dim=-1)
-        else:
-            scores = scores / temperature
-            if sampling.top_k:
-                scores = top_k_filter(scores, sampling.top_k)
-            if sampling.top_p < 1.0:
-                scores = top_p_filter(scores, sampling.top_p)
-            choice = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+        choice, logprob = choose(logits.float(), sampling, temperature, ban.apply if ban is not None else None)
         choice = torch.where(unfinished, choice, pad_id)
         ids.append(choice)
-        logprobs.append(torch.log_softmax(raw / temperature, dim=-1).gather(-1, choice[:, None]).squeeze(-1))
+        logprobs.append(logprob)
         unfinished &= ~torch.isin(choice, stops)
         if step + 1 == sampling.max_new_tokens or not bool(unfinished.any()):
             break

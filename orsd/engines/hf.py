@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from .speculative import DraftStats
 
 @dataclass(frozen=True)
 class Sampling:
@@ -31,6 +32,10 @@ class Sampling:
     # keep only the k most likely tokens before top-p (0: off). Like top-p it shapes only what is
     # sampled: the log-probs stay those of the whole temperature-scaled distribution (hf engine)
     top_k: int = 0
+    # hf engine only: speculative decoding with up to this many looked-up draft tokens per step
+    # (engines/speculative.py; 0: off). What is sampled keeps its distribution; the ids a seed gives
+    # differ from the plain loop's.
+    draft_tokens: int = 0
 
 
 @dataclass
@@ -61,16 +66,25 @@ class HfEngine:
     so `keys` are ignored: samples depend on the batch (use the vllm engine for per-request seeds).
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, token_budget: int = 65536):
+    def __init__(self, model, tokenizer, batch_size: int = 64, token_budget: int = 65536,
+                 draft_corpus: list[list[int]] = ()):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.token_budget = token_budget
+        # token sequences speculative decoding may copy drafts from, besides the batch's own rows
+        self.draft_corpus = [list(seq) for seq in draft_corpus]
+        self.draft_stats = DraftStats()  # accumulated; a reader resets it (Trainer.step_metrics)
         self.stop_ids = _stop_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     def sync_weights(self, model) -> None:
         self.model = model
+
+    def take_draft_stats(self) -> DraftStats:
+        """What speculative decoding bought since the last call (counts reset)."""
+        stats, self.draft_stats = self.draft_stats, DraftStats()
+        return stats
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling,
@@ -91,6 +105,7 @@ class HfEngine:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+        from . import speculative
         from .decode import decode
         from .kv_cache import reserved_cache
 
@@ -100,7 +115,12 @@ class HfEngine:
         try:
             with decode_attention(self.model):
                 cache = reserved_cache(self.model, width + sampling.max_new_tokens)
-                new_ids, logprobs = decode(self.model, prompts, cache, sampling, self.stop_ids, self.pad_id)
+                if sampling.draft_tokens:
+                    new_ids, logprobs, stats = speculative.decode(self.model, prompts, cache, sampling, self.stop_ids,
+                                                                  self.pad_id, self.draft_corpus)
+                    self.draft_stats.add(stats)
+                else:
+                    new_ids, logprobs = decode(self.model, prompts, cache, sampling, self.stop_ids, self.pad_id)
         finally:
             self.model.train(was_training)
         new_ids, logprobs = new_ids.cpu(), logprobs.cpu()
@@ -117,13 +137,16 @@ class HfEngine:
 
 #: transformers attention implementation used while generating on a CPU (registered on first use)
 GQA_DECODE = "orsd_gqa_decode"
+#: the most query tokens per row that take the grouped path (a decode step and its drafts)
+MAX_DECODE_QUERIES = 32
 
 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                          is_causal=None, **kwargs):
-    """transformers' sdpa attention, except for a decode step (one query token) of a grouped-query
-    model: there the query heads that share a key/value head become query rows of that head, and
-    SDPA runs on the cache as it is stored, never repeated.
+    """transformers' sdpa attention, except for a decode step (one query token, or a few under a mask:
+    a speculative step's verified drafts, engines/speculative.py) of a grouped-query model: there the
+    query heads that share a key/value head become query rows of that head, and SDPA runs on the
+    cache as it is stored, never repeated.
 
     For that step transformers repeats every key/value head `num_key_value_groups` times when a
     padding mask is present (a copy of the whole cache per layer per token): on the 2-core CPU that
@@ -136,22 +159,28 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
 
     groups = getattr(module, "num_key_value_groups", 1)
     batch, heads, length, dim = query.shape
-    plain = (length != 1 or groups == 1 or dropout or key.shape[1] * groups != heads
+    # several query tokens take this path only after a cache, under their mask: a prefill goes to transformers
+    plain = (length > MAX_DECODE_QUERIES or (length > 1 and (attention_mask is None or key.shape[-2] <= length))
+             or groups == 1 or dropout
+             or key.shape[1] * groups != heads
              or (attention_mask is not None and attention_mask.shape[1] != 1)
              or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None)
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    dtype = value.dtype
-    rows = query.reshape(batch, key.shape[1], groups, dim).to(dtype)  # [B, KV, G, D]
+    dtype, kv_heads = value.dtype, key.shape[1]
+    rows = query.reshape(batch, kv_heads, groups * length, dim).to(dtype)  # [B, KV, G·T, D]
     mask = None
-    if attention_mask is not None:  # [B, 1, 1, L]: the same for every head and row
+    if attention_mask is not None:  # [B, 1, T, L]: the same for every head, repeated for the G rows
         mask = attention_mask[:, :, :, :key.shape[-2]]
         mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+        if length > 1:
+            mask = mask[:, :, None].expand(-1, -1, groups, -1, -1).reshape(batch, 1, groups * length, -1)
     with torch.autocast(query.device.type, enabled=False):
         out = torch.nn.functional.scaled_dot_product_attention(rows, key.to(dtype), value, attn_mask=mask,
-                                                               scale=scaling)  # [B, KV, G, D]
-    return out.reshape(batch, 1, heads, dim), None  # [B, T=1, H, D], as transformers returns it
+                                                               scale=scaling)  # [B, KV, G·T, D]
+    # [B, T, H, D], as transformers returns it
+    return out.reshape(batch, heads, length, dim).transpose(1, 2), None
 
 
 @contextmanager

@@ -365,6 +365,9 @@ def _check_sampling(sampling: Sampling) -> None:
     if sampling.no_repeat_ngram_size:
         raise ValueError(f"sampling.no_repeat_ngram_size={sampling.no_repeat_ngram_size}: the vllm engine has no "
                          "n-gram ban; expected 0 (set rubric.no_repeat_ngram_size=0 or use rollout.engine=hf)")
+    if sampling.draft_tokens:
+        raise ValueError(f"sampling.draft_tokens={sampling.draft_tokens}: the vllm engine drafts as vLLM's own "
+                         "speculative_config says; expected 0 (set rubric.draft_tokens=0 or use rollout.engine=hf)")
     if sampling.max_new_tokens < 1:
         raise ValueError(f"sampling.max_new_tokens={sampling.max_new_tokens}: expected at least 1")
     if not sampling.greedy:

@@ -169,9 +169,11 @@ def build_engine(config, policy, tokenizer, run_dir, dist=None):
     and is pushed the new weights after every update."""
     from orsd.engines.hf import HfEngine
 
+    from .bundles import draft_corpus
+
     r = config.rollout
     if r.engine == "hf":
-        return HfEngine(policy, tokenizer, r.batch_size)
+        return HfEngine(policy, tokenizer, r.batch_size, draft_corpus=draft_corpus(config, tokenizer))
     from orsd.engines.vllm import VllmEngine
 
     start = Path(run_dir or ".") / "checkpoints" / "vllm_start"

@@ -48,6 +48,19 @@ def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num
     return out
 
 
+def draft_corpus(config, tokenizer) -> list[list[int]]:
+    """What speculative bundle decoding may copy drafts from besides the prompt and the other
+    bundles: the criteria pool, numbered as the warm start's bundle demos show it, when the
+    warm start shows them (the policy then writes its lines nearly word for word)."""
+    from .warmstart import criteria_pool
+
+    w = config.warm_start
+    if not (config.rubric.draft_tokens and w.enabled and w.bundle_demos):
+        return []
+    text = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(criteria_pool(config.env.name), 1))
+    return [tokenizer.encode(text, add_special_tokens=False)]
+
+
 def verify(verifier, groups: Sequence[Group], candidates: Sequence[Candidates],
            transcript_chars: int) -> list[list[rubric.VerifierResult] | None]:
     """Per group, one VerifierResult per bundle (scores [N, K], NaN = unscored, and the events

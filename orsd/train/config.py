@@ -249,6 +249,11 @@ class RubricConfig:
                          "to the decision; the paper does not fix it) | task (after the system prompt, before "
                          "the task: a task's turns share it, so the rubric pass costs about the plain pass; "
                          "docs/training.md)", choices=("observation", "task"))
+    draft_tokens: int = doc(0, "hf engine only: speculative decoding of bundles, up to this many tokens per row "
+                            "and step looked up (the prompt, the batch's other bundles, the warm start's criteria "
+                            "pool when it shows bundle demos) and checked in one forward; what is sampled keeps "
+                            "its distribution (0 = off; docs/training.md)", ge=0,
+                            text="0, or a count >= 1 with rollout.engine=hf")
     no_repeat_ngram_size: int = doc(0, "hf engine only: ban repeated n-grams of this size in bundles "
                                     "(0 = off, the paper; bundle tokens are never trained on)", ge=0,
                                     text="0, or a size >= 1 with rollout.engine=hf (vLLM cannot ban n-grams)")
@@ -447,6 +452,8 @@ class Config:
              f"more than rollout.max_new_tokens={self.rollout.max_new_tokens} (the prompt gets the difference)"),
             ("rubric.no_repeat_ngram_size", self.rubric.no_repeat_ngram_size == 0 or self.rollout.engine == "hf",
              "0 with rollout.engine=vllm (vLLM cannot ban n-grams)"),
+            ("rubric.draft_tokens", self.rubric.draft_tokens == 0 or self.rollout.engine == "hf",
+             "0 with rollout.engine=vllm (its own speculative decoding is configured in vLLM)"),
             ("optim.dual_clip", self.optim.dual_clip == 0 or self.optim.dual_clip > 1, "0 (off) or a number > 1"),
             ("warm_start.detach_context", not (self.warm_start.enabled and self.warm_start.detach_context
                                                and self.model.gradient_checkpointing),

@@ -82,7 +82,8 @@ class Trainer:
         self.reference = reference
         self.verifier = verifier
         self.env = env
-        self.engine = engine or HfEngine(policy, tokenizer, config.rollout.batch_size)
+        self.engine = engine or HfEngine(policy, tokenizer, config.rollout.batch_size,
+                                         draft_corpus=stages.draft_corpus(config, tokenizer))
         self.optimizer = optimizer or build_optimizer(policy.parameters(), config.optim)
         self.scheduler = (ds_engine.lr_scheduler if ds_engine is not None
                           else warmup_schedule(self.optimizer, config.optim.warmup_steps))
@@ -183,13 +184,15 @@ class Trainer:
         one, through `engine` when given (a twin's: overlap.write_beside_plain)."""
         r = self.config.rubric
         engine = engine or self.bundle_engine(writer)
-        sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size)
+        sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size,
+                            draft_tokens=r.draft_tokens)
         return stages.write_bundles(engine, self.tokenizer, groups, count, sampling, r.transcript_chars,
                                     r.generation_template or None)
 
     def bundle_engine(self, writer: str) -> HfEngine:
         if writer == "initial" and self.initial_engine is None:
-            self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size)
+            self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size,
+                                           draft_corpus=stages.draft_corpus(self.config, self.tokenizer))
         return self.initial_engine if writer == "initial" else self.engine
 
     def overlaps(self) -> bool:
@@ -368,6 +371,12 @@ class Trainer:
                      valid_token_fraction=float(valid[response].float().mean()) if response.any() else 0.0,
                      replay_rollout_gap=replay.rollout_gap),
         }
+        if self.config.rubric.draft_tokens and isinstance(self.engine, HfEngine):
+            drafts = self.engine.take_draft_stats()  # the overlap twin shares its engine's counts
+            if self.initial_engine is not None:
+                drafts.add(self.initial_engine.take_draft_stats())
+            metrics.update(tagged("sum", bundle_decode_forwards=drafts.forwards, bundle_tokens=drafts.tokens,
+                                  bundle_drafted=drafts.drafted, bundle_draft_accepted=drafts.accepted))
         if self.verifier is not None and hasattr(self.verifier, "stats"):
             metrics.update(tagged("counters", verifier=self.verifier.stats(reset=True)))  # this step's accounting
         for name, (value, reduce) in self.method.step_metrics(groups).items():  # e.g. GiGPO's anchor share

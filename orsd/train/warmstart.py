@@ -56,16 +56,21 @@ def collect_demos(env, tokenizer, episodes: int, max_context_tokens: int, rng: r
     return demos
 
 
+def criteria_pool(env_name: str) -> list[str]:
+    """The criteria bundle demonstrations are drawn from (orsd/train/criteria_pool.yaml)."""
+    from importlib import resources
+
+    import yaml
+
+    return yaml.safe_load(resources.files("orsd.train").joinpath("criteria_pool.yaml").read_text())[env_name]
+
+
 def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript_chars: int,
                          rng: random.Random, template=None, max_actions: int = 0) -> list[Demo]:
     """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts
     of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml, kept in
     the pool's order."""
-    from importlib import resources
-
-    import yaml
-
-    pool = yaml.safe_load(resources.files("orsd.train").joinpath("criteria_pool.yaml").read_text())[env.name]
+    pool = criteria_pool(env.name)
     demos = []
     for _ in range(count):
         task = env.sample_task(rng)

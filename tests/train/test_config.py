@@ -166,6 +166,7 @@ EXTRA_OVERRIDES = {
     "verifier.model": ["verifier.base_url=http://localhost:8000/v1", "verifier.model="],
     "verifier.base_url": ["verifier.kind=openai"],
     "rubric.no_repeat_ngram_size": ["rollout.engine=vllm"],  # the default run bans 4-grams: hf only
+    "rubric.draft_tokens": ["rollout.engine=vllm", "rubric.no_repeat_ngram_size=0"],  # the default drafts: hf only
     "distributed.zero_stage": ["distributed.zero_stage=3"],  # with rollout.engine=hf
     "rollout.max_context_tokens": ["rollout.max_new_tokens=512", "rollout.max_context_tokens=512"],
     "warm_start.detach_context": ["model.gradient_checkpointing=true"],  # the default fits detached

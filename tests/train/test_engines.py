@@ -60,7 +60,16 @@ def test_decode_attention_equals_transformers_sdpa():
         expected, _ = sdpa_attention_forward(module, query, key, value.bfloat16(), mask, scaling=0.25)
         got, _ = gqa_decode_attention(module, query, key, value.bfloat16(), mask, scaling=0.25)
     torch.testing.assert_close(got.float(), expected.float(), rtol=0, atol=2e-2)
-    prefill = torch.randn(3, 6, 11, 16, generator=generator)  # more than one query token: transformers' own path
+    # a few query tokens after a cache (a speculative step's drafts), each under its own mask row:
+    # causal over the last 4 positions, left padding, and a hole a refused draft left
+    few = torch.randn(3, 6, 4, 16, generator=generator)
+    causal = torch.ones(3, 1, 4, 11, dtype=torch.bool).tril(diagonal=7)
+    causal[0, ..., :4] = causal[2, ..., 5] = False
+    expected, _ = sdpa_attention_forward(module, few, key, value, causal, scaling=0.25)
+    got, _ = gqa_decode_attention(module, few, key, value, causal, scaling=0.25)
+    assert got.shape == expected.shape == (3, 4, 6, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    prefill = torch.randn(3, 6, 11, 16, generator=generator)  # a prefill (no cache before it): transformers' own path
     expected, _ = sdpa_attention_forward(module, prefill, key, value, None, scaling=0.25)
     assert torch.equal(gqa_decode_attention(module, prefill, key, value, None, scaling=0.25)[0], expected)
 
