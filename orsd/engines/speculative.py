@@ -15,7 +15,9 @@ its place. Every emitted token is thus a sample of the policy given what precede
 plain loop; only the random stream differs (the same seed samples other ids than decode.py does).
 A draft that is rejected leaves its keys/values in the cache under a zero attention mask (a hole
 the next steps never see), so rows that accept different counts stay in one batch. Greedy decoding
-keeps the drafts that equal the argmax, so it returns the plain loop's ids.
+keeps the drafts that equal the argmax, so it returns the plain loop's ids. Under CPU bf16 autocast
+the decode forwards take the layers' own matmuls: a step's rows × (1 + k) tokens are more than
+engines/packed.py packs weights for (measured in fp32 only: the AVX2 host has no native bf16).
 """
 
 from __future__ import annotations
