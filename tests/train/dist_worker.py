@@ -27,7 +27,7 @@ def main(model_dir: str, out: str, steps: int, zero_stage: int, *overrides: str)
     # used is the fully scripted test fake, whose teacher-forced forwards are the same count on every rank
     # (and vLLM's rules apply: no n-gram ban on bundles)
     config = small_config(f"model.path={model_dir}", "method.name=orsd", f"distributed.zero_stage={zero_stage}",
-                          "rollout.engine=vllm", "rubric.no_repeat_ngram_size=0",
+                          "rollout.engine=vllm", "rubric.no_repeat_ngram_size=0", "rubric.draft_tokens=0",
                           "optim.lr=1e-2", "model.device=cpu", "optim.micro_batch_tokens=1", *overrides)
     dist = distributed.setup(config)
     tokenizer = load_tokenizer(model_dir)
