@@ -17,7 +17,9 @@ from typing import Protocol
 
 import torch
 
+from . import speculative
 from .speculative import DraftStats
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -105,7 +107,6 @@ class HfEngine:
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
-        from . import speculative
         from .decode import decode
         from .kv_cache import reserved_cache
 

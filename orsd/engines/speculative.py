@@ -116,7 +116,7 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
     temperature = 1.0 if sampling.greedy else sampling.temperature
     ban = NGramBan(sampling.no_repeat_ngram_size, prompts) if sampling.no_repeat_ngram_size else None
     stops, budget, rows = set(stop_ids), sampling.max_new_tokens, len(prompts)
-    lookup = Lookup([list(c) for c in corpus], prompts)
+    lookup = Lookup(corpus, prompts)
     stats = DraftStats()
     logits, mask, position, head, decoder = prefill(model, prompts, cache, pad_id)
     pending, logprob = choose(logits.float(), sampling, temperature, ban.apply if ban is not None else None)
@@ -138,16 +138,17 @@ def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int]
         feed = feed.to(device)
         mask = torch.cat([mask, mask.new_ones((rows, width))], dim=-1)
         positions = position + 1 + torch.arange(width, device=device)
-        if head is not None:
-            step_logits = head(decoder(input_ids=feed, attention_mask=mask, position_ids=positions,
-                                       past_key_values=cache, use_cache=True).last_hidden_state)
-        else:
-            step_logits = model(input_ids=feed, attention_mask=mask, position_ids=positions,
-                                past_key_values=cache, use_cache=True).logits
-        stats.forwards += 1
-        # every slot a row may sample at (its drafts and one past them), with its own ban, in one call
+        # every slot a row may sample at (its drafts and one past them), with its own ban, in one call;
+        # the LM head runs on those slots only, not on finished rows or padding
         slots = [(r, j) for r in range(rows) if not done[r] for j in range(len(drafts[r]) + 1)]
-        raw = step_logits[[r for r, _ in slots], [j for _, j in slots]].float()
+        at_slots = ([r for r, _ in slots], [j for _, j in slots])
+        if head is not None:
+            raw = head(decoder(input_ids=feed, attention_mask=mask, position_ids=positions,
+                               past_key_values=cache, use_cache=True).last_hidden_state[at_slots]).float()
+        else:
+            raw = model(input_ids=feed, attention_mask=mask, position_ids=positions,
+                        past_key_values=cache, use_cache=True).logits[at_slots].float()
+        stats.forwards += 1
         banned = [banned_after(ban, r, drafts[r][:j]) for r, j in slots] if ban is not None else None
 
         def apply(scores, banned=banned):
