@@ -3,7 +3,7 @@ weighs on both): the default's policy after its warm start, one rollout whose gr
 bundles, then for each `rubric.draft_tokens` value in turn, `--rounds` times:
 
 - the bundle window as a step runs it (`overlap.write_beside_plain`: bundles on one thread beside
-  the plain and reference passes on the other, where it serves);
+  the plain pass on the other, where it serves);
 - the bundles alone on all threads (`Trainer.write_bundles`), with what drafting bought.
 
     python benchmarks/bundle_window.py [--rounds N] [--drafts 0,8] [section.key=value ...]
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> dict:
             with autocast(trainer.policy, config.model.autocast):
                 start = time.perf_counter()
                 if overlap.serves(trainer):
-                    candidates, _, _ = overlap.write_beside_plain(trainer, copy.deepcopy(groups))
+                    candidates, _ = overlap.write_beside_plain(trainer, copy.deepcopy(groups))
                     window = time.perf_counter() - start
                 else:
                     candidates, window = None, None

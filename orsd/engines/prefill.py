@@ -246,7 +246,7 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
     if base is not None:  # rows from different kept sequences, each cache row its own, in one forward
         kvs, starts = base
         items = [Hanging(s, prompt[s:], i) for i, (prompt, s) in enumerate(zip(prompts, starts))]
-        for batch in _batches(items, max(starts), token_budget):
+        for batch in _continued_batches(items, token_budget):
             length = max(item.start for item in batch)
             cache = _stacked(config, [kvs[item.prompt] for item in batch], [item.start for item in batch], length,
                              max(len(item.tokens) for item in batch))
@@ -280,6 +280,33 @@ def _batches(items: list[Hanging], length: int, token_budget: int = 0) -> list[l
             current, total = [], 0
         current.append(item)
         total += size
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _continued_batches(items: list[Hanging], token_budget: int = 0) -> list[list[Hanging]]:
+    """Batches for rows that each continue from a cache of their own (tree_forward's `base`): a
+    batch pads every row's cache to its latest start and its tokens to its longest, and a row's
+    attention reads its cache as well as its tokens, so unlike `_batches` the starts count too.
+    Sorted by where rows end, a batch grows while its padding stays under a quarter of its rows'
+    tokens plus PAD_TOKENS and its padded query-key pairs under a quarter more than its rows' own
+    plus PAD_TOKENS' worth; rows × (start + longest row) within `token_budget` (0: any). On the
+    default step's rubric pass: 29 rows in 5 forwards of 3.7M query-key pairs per layer and head
+    where batching by length alone gave 6 of 4.6M (docs/training.md)."""
+    batches, current = [], []
+    for item in sorted(items, key=lambda item: (item.start + len(item.tokens), item.start)):
+        grown = current + [item]
+        start = max(i.start for i in grown)
+        width = max(len(i.tokens) for i in grown)
+        tokens = sum(len(i.tokens) for i in grown)
+        pairs = sum(len(i.tokens) * (i.start + len(i.tokens)) for i in grown)
+        if current and (len(grown) * width - tokens > 0.25 * tokens + PAD_TOKENS
+                        or len(grown) * width * (start + width) - pairs > 0.25 * pairs + PAD_TOKENS * (start + width)
+                        or (token_budget and len(grown) * (start + width) > token_budget)):
+            batches.append(current)
+            grown = [item]
+        current = grown
     if current:
         batches.append(current)
     return batches

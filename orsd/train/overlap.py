@@ -2,12 +2,14 @@
 
 On a CPU a decode step is no faster on two threads than on one: on the 2-core AMD EPYC
 (2026-12-03) a 4-row, 128-token bundle decode took 8.8–10.1 s on one thread and 8.7–11.0 s on two
-(same process, alternating). The plain-context replay and the reference pass do not depend on the
-bundles, so while one core writes them the other runs those passes; the verifier, the rubric pass
-and the update come after, on both cores as before. There, a bundle decode and six 1,000-token
-forwards took 15.7–18.5 s one after the other on two threads and 11.2–12.7 s side by side on one
-thread each, and the default step's bundles, replay and reference 24.8 → 19.7 s (docs/training.md).
-On the Intel Xeon of the day before, a decode and a plain pass side by side had been slower than
+(same process, alternating). The plain-context replay does not depend on the bundles, so while one
+core writes them the other runs it; the verifier, the rubric pass, the reference pass and the update
+come after, on both cores. The reference pass ran beside the bundles too until 2026-12-05, after the
+plain pass on the same thread: with speculative bundle decoding the decode (5.4–6.1 s) and the plain
+pass on one thread (5.8–6.2 s) now end together, so the reference pass there only lengthened the
+window (9.0–9.5 s), where on both threads afterwards it takes 2.1–2.3 s (8.1–8.5 s in all; AVX-512-BF16
+AMD EPYC, alternating in one process; docs/training.md).
+On the Intel Xeon of 2026-12-02, a decode and a plain pass side by side had been slower than
 one after the other (24.0 against 18.6 s): `replay.overlap=false` turns this off.
 
 The bundle writer decodes with a `twin` of its model: module objects of its own over the same
@@ -40,20 +42,19 @@ def serves(trainer) -> bool:
             and next(trainer.policy.parameters()).device.type == "cpu")
 
 
-def write_beside_plain(trainer, groups: list) -> tuple[list, object, torch.Tensor | None]:
+def write_beside_plain(trainer, groups: list) -> tuple[list, object]:
     """The policy writes `groups`' bundles (the method decides which) on a thread of its own, through
-    a twin of the writer's model, while this thread runs the plain pass and then the reference pass,
-    each side on one intra-op thread. Returns (candidates, plain, reference or None). Where no group
-    needs bundles the plain pass runs on all threads and the reference pass is left for later, as
-    without overlap. The reference pass runs beside the bundles even when they are written before the
-    plain pass ends: the thread count is part of a bf16 result, so where a pass runs must not depend
-    on timing."""
+    a twin of the writer's model, while this thread runs the plain pass, each side on one intra-op
+    thread. Returns (candidates, plain). Where no group needs bundles the plain pass runs on all
+    threads, as without overlap. The plain pass runs on one thread even when the bundles are written
+    before it ends: the thread count is part of a bf16 result, so where a pass runs must not depend
+    on timing. The reference pass is the step's own stage, on all threads, as GRPO runs it."""
     from orsd.train.model import autocast
 
     writer = trainer.method.bundle_writer
     own = trainer.bundle_engine(writer)
     engine = copy.copy(own)
-    engine.model = twin(own.model)  # made here, before the passes below toggle the policy's modules
+    engine.model = twin(own.model)  # made here, before the plain pass toggles the policy's modules
 
     def work(started):
         def write(todo: list, count: int, asked: str) -> list:
@@ -62,18 +63,15 @@ def write_beside_plain(trainer, groups: list) -> tuple[list, object, torch.Tenso
             return trainer.write_bundles(todo, count, asked, engine if asked == writer else None)
         return trainer.method.write_bundles(groups, write)
 
-    threads, reference = torch.get_num_threads(), None
+    threads = torch.get_num_threads()
     worker = Beside(work, lambda: autocast(trainer.policy, trainer.config.model.autocast))
     try:
-        beside = worker.busy()  # False: no group needed bundles
-        torch.set_num_threads(1 if beside else threads)
+        torch.set_num_threads(1 if worker.busy() else threads)  # busy() False: no group needed bundles
         plain = trainer.plain_pass(groups)
-        if beside:
-            reference = trainer.reference_logprobs(plain)
     finally:
         worker.join()
         torch.set_num_threads(threads)
-    return worker.result(), plain, reference
+    return worker.result(), plain
 
 
 def twin(model: torch.nn.Module) -> torch.nn.Module:

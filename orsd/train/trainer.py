@@ -112,10 +112,10 @@ class Trainer:
             groups = self.rollout(self.sample_tasks()) if groups is None else groups
         with stage("advantages"):  # Eq. 2 (a method may add per-turn terms)
             advantages = method.advantages(groups)
-        plain = reference = None  # the plain and reference passes, when they ran beside the bundles
+        plain = None  # the plain pass, when it ran beside the bundles
         with stage("bundles"):  # M bundles per group by the policy, never shown the rewards (§3.1)
-            if self.overlaps():  # on a thread of their own while this one runs those passes
-                candidates, plain, reference = overlap.write_beside_plain(self, groups)
+            if self.overlaps():  # on a thread of their own while this one runs the plain pass
+                candidates, plain = overlap.write_beside_plain(self, groups)
             else:
                 candidates = method.write_bundles(groups, self.write_bundles)
         with stage("verifier"):  # every criterion on every trajectory, in [0, 1]
@@ -131,7 +131,7 @@ class Trainer:
             teacher = (self.teacher(groups, advantages, candidates, scores, selection, replay)
                        if method.distillation else None)
         with stage("reference"):
-            reference = self.reference_logprobs(replay) if reference is None else reference
+            reference = self.reference_logprobs(replay)
         kill_point("update", self.step_index + 1)
         with timed(seconds, "update"):  # Eq. 11 reduced by Eq. 14; autocasts forwards only
             update_metrics = self.update(replay, reference, teacher)

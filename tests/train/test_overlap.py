@@ -1,5 +1,5 @@
 """replay.overlap: the bundles written on a thread of their own, by a twin of the policy, while the
-plain and reference passes run; the step's results are those of the stages one after the other."""
+plain pass runs; the step's results are those of the stages one after the other."""
 
 import copy
 import threading
@@ -51,18 +51,18 @@ def test_beside_reraises_on_the_callers_thread_and_says_when_it_is_busy():
 
 class HeldEngine(ScriptedEngine):
     """Test fake: a ScriptedEngine whose bundle writing waits until the main thread has finished the
-    reference pass (the trainer's own order with overlap on), so the test cannot pass with the
-    stages one after the other; it records the threads it ran on."""
+    plain pass (the trainer's own order with overlap on), so the test cannot pass with the stages
+    one after the other; it records the threads it ran on."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.reference_done = threading.Event()
+        self.plain_done = threading.Event()
         self.threads: list[str] = []
 
     def generate(self, prompts, sampling, keys=None):
         if keys and ":bundle:" in keys[0]:
             self.threads.append(threading.current_thread().name)
-            assert self.reference_done.wait(60), "the reference pass never ran beside the bundles"
+            assert self.plain_done.wait(60), "the plain pass never ran beside the bundles"
         return super().generate(prompts, sampling, keys)
 
 
@@ -70,38 +70,43 @@ def run_step(model, tokenizer, overlap: bool, held: bool = False):
     config = small_config("method.name=orsd", "rubric.alpha=0.5", "optim.kl_coef=0.05",
                           f"replay.overlap={str(overlap).lower()}")
     trainer = make_trainer(config, model, tokenizer, ScriptedVerifier())
-    threads_in_plain = []
+    threads = {"plain": [], "reference": []}  # intra-op threads each pass ran on
     if held:
         trainer.engine = HeldEngine(model, tokenizer, config.env.name)
-        reference_logprobs = trainer.reference_logprobs
+        plain_pass, reference_logprobs = trainer.plain_pass, trainer.reference_logprobs
 
-        def reference_then_release(replay):
+        def plain_then_release(groups):
+            threads["plain"].append(torch.get_num_threads())
             try:
-                return reference_logprobs(replay)
+                return plain_pass(groups)
             finally:
-                trainer.engine.reference_done.set()
+                trainer.engine.plain_done.set()
 
-        trainer.reference_logprobs = reference_then_release
-        plain_pass = trainer.plain_pass
-        trainer.plain_pass = lambda groups: (threads_in_plain.append(torch.get_num_threads()), plain_pass(groups))[1]
-    return trainer, trainer.step(), threads_in_plain
+        def reference(replay):
+            writing = any(t.name == "orsd-bundles" for t in threading.enumerate())
+            threads["reference"].append((torch.get_num_threads(), writing))
+            return reference_logprobs(replay)
+
+        trainer.plain_pass, trainer.reference_logprobs = plain_then_release, reference
+    return trainer, trainer.step(), threads
 
 
 def test_a_step_with_bundles_beside_the_plain_pass_is_the_step_without(tiny_model, tiny_tokenizer):
-    """The same step with replay.overlap on (the writer held until the reference pass is done, so
-    the passes really run beside it) and off: the same bundles, log-probs, Δ, advantages,
-    reference and weights after the update."""
+    """The same step with replay.overlap on (the writer held until the plain pass is done, so the
+    pass really runs beside it; the reference pass after, on both threads) and off: the same
+    bundles, log-probs, Δ, advantages, reference and weights after the update."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # overlap serves from two intra-op threads (this machine's default)
     try:
         beside_model, alone_model = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
-        trainer, beside, plain_threads = run_step(beside_model, tiny_tokenizer, overlap=True, held=True)
+        trainer, beside, threads_in = run_step(beside_model, tiny_tokenizer, overlap=True, held=True)
         assert torch.get_num_threads() == 2  # restored after the stage
         _, alone, _ = run_step(alone_model, tiny_tokenizer, overlap=False)
     finally:
         torch.set_num_threads(threads)
     assert trainer.engine.threads and set(trainer.engine.threads) == {"orsd-bundles"}
-    assert plain_threads == [1]  # the plain pass left the other core to the writer
+    assert threads_in["plain"] == [1]  # the plain pass left the other core to the writer
+    assert threads_in["reference"] == [(2, False)]  # after the bundles, on both cores
     a, b = beside.outputs, alone.outputs
     assert [c.texts for c in a.candidates] == [c.texts for c in b.candidates]
     assert [s.index for s in a.selection] == [s.index for s in b.selection] == [0, 0]

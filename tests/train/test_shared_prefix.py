@@ -135,6 +135,30 @@ def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget, his
     assert reused_tokens <= branches < again_tokens
 
 
+def test_continued_rows_batch_by_their_starts_as_well_as_their_lengths():
+    """The rubric pass's rows each continue from a cache of their own, padded to the batch's latest
+    start: rows of the same length but far-apart starts go to different forwards, and every batch
+    keeps the padding and budget bounds its docstring states."""
+    from orsd.engines.prefill import PAD_TOKENS, Hanging, _batches, _continued_batches
+
+    rows = [Hanging(start, [1] * 200, i) for i, start in enumerate([400, 10, 400, 10])]
+    assert len(_batches(rows, 400)) == 1  # by length alone: one forward, every cache padded to 400
+    assert [sorted(item.prompt for item in batch) for batch in _continued_batches(rows)] == [[1, 3], [0, 2]]
+
+    rng = random.Random(3)
+    rows = [Hanging(rng.randrange(0, 600), [1] * rng.randrange(1, 400), i) for i in range(60)]
+    batches = _continued_batches(rows, token_budget=4096)
+    assert sorted(item.prompt for batch in batches for item in batch) == list(range(60))
+    for batch in batches:
+        start, width = max(i.start for i in batch), max(len(i.tokens) for i in batch)
+        tokens = sum(len(i.tokens) for i in batch)
+        pairs = sum(len(i.tokens) * (i.start + len(i.tokens)) for i in batch)
+        assert len(batch) == 1 or len(batch) * (start + width) <= 4096
+        assert len(batch) * width - tokens <= 0.25 * tokens + PAD_TOKENS
+        assert len(batch) * width * (start + width) - pairs <= 0.25 * pairs + PAD_TOKENS * (start + width)
+    assert len(batches) < 60  # rows do share forwards
+
+
 def test_prefix_cache_refuses_frozen_states_and_picks_the_longest(tiny_model):
     from orsd.engines.prefill import PrefixCache, shared_prefix_hidden
 
