@@ -110,7 +110,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     trainer.environment["ops_self_check"] = ops_check
     trainer.environment["overlap"] = trainer.overlaps()  # replay.overlap where it serves (train/overlap.py)
     if trainer.overlaps():
-        log("overlap: the policy writes bundles beside the plain and reference passes (replay.overlap)")
+        log("overlap: the policy writes bundles beside the plain pass (replay.overlap)")
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
     trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                                                  "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
