@@ -56,7 +56,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
 
     from orsd.train import distributed
     from orsd.train.model import (configure_threads, frozen_copy, load_policy, load_tokenizer, release_memory,
-                                  resolve_autocast, resolve_device)
+                                  resolve_autocast, resolve_device, share_frozen)
     from orsd.train.trainer import Trainer
     from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child
 
@@ -102,6 +102,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
         reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
     release_memory()  # the warm start's optimizer, gradients and activations are gone
     freeze_for_update(policy, config, precision.autocast, distributed=dist is not None, log=log)
+    if dist is None and (shared := share_frozen(policy, reference)):  # ZeRO partitions the policy's own
+        log(f"reference: shares the embeddings and the {shared} frozen layers below with the policy")
     verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
     engine = build_engine(config, policy, tokenizer, run_dir, dist)
     ds_engine = distributed.wrap(policy, config) if dist else None

@@ -201,9 +201,9 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
     (`lockstep`: see response_hidden). `share_prefix`: what the sequences share (a group's system
     prompt, task and first observation) forwarded once (engines/prefill.py); not under `lockstep`,
     whose ranks must run equal forwards, nor for a cache that cannot be cut per row.
-    `frozen_states` (with share_prefix): see train_logprobs. `prefixes`, `keep_into` (with
-    share_prefix, without frozen_states): continue from keys/values an earlier pass kept, keep this
-    pass's (prefill.shared_prefix_hidden)."""
+    `frozen_states` (with share_prefix): see train_logprobs. `prefixes` (with share_prefix, without
+    frozen_states): continue from keys/values an earlier pass kept; `keep_into` (with share_prefix):
+    keep this pass's, with frozen_states those of the layers it ran (prefill.shared_prefix_hidden)."""
     out = torch.zeros(len(ids), dtype=torch.float32)
     if share_prefix and lockstep is None and prefill.serves(model):
         batches = _shared_response_hidden(model, ids, cu, mask, token_budget, frozen_states, prefixes, keep_into)
@@ -367,15 +367,18 @@ def plain_replay(model, records: list[TurnRecord], temperature: float, token_bud
     rollout (π_old). `reuse_frozen`, `keep_prefixes`: see paired_replay."""
     packed = pack(records)
     states = None
+    keeps = keep_prefixes and share_prefix and lockstep is None and prefill.serves(model)
+    kept = prefill.PrefixCache() if keeps else None
     split = frozen.frozen_layers(model) if reuse_frozen and share_prefix and lockstep is None else 0
     if split and prefill.serves(model) and frozen.serves(model, split):
         sequences = [packed.ids[int(packed.cu_seqlens[s]):int(packed.cu_seqlens[s + 1])].tolist()
                      for s in range(packed.num_sequences)]
-        states = (split, prefill.bottom_states(model, sequences, split, token_budget))
-    kept = (prefill.PrefixCache() if keep_prefixes and share_prefix and lockstep is None and states is None
-            and prefill.serves(model) else None)
+        below = prefill.PrefixCache() if keeps else None  # the frozen layers' keys/values, joined below
+        states = (split, prefill.bottom_states(model, sequences, split, token_budget, keep_into=below))
     old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, temperature,
                           token_budget, fused, lockstep, share_prefix, states, keep_into=kept)
+    if states is not None and kept is not None:
+        kept = kept.under(below)
     return PlainReplay(packed, old, states, kept)
 
 

@@ -219,3 +219,71 @@ def test_the_reference_pass_and_the_update_from_the_plain_pass_states(four_layer
     assert whole["grad_norm"] > 0
     for a, b in zip(reused_weights, whole_weights):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("history", [False, True])
+def test_the_rubric_pass_continues_from_a_plain_pass_that_ran_its_frozen_layers_apart(four_layers, history):
+    """reuse_frozen and reuse_plain together (the CPU default: the top 15 of 30 layers trained): the
+    plain pass keeps every layer's keys/values, the frozen layers' from bottom_states and the rest
+    from the layers above, equal to those a plain pass without frozen layers keeps; the rubric pass
+    continues from them (fewer tokens) and gives whole forwards' Δ and advantages (fp32)."""
+    from orsd.train.replay import paired_replay, plain_replay
+
+    records = group_records(seed=6, history=history)
+    rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
+    advantages = [float(i % 3) - 1 for i in range(len(records))]
+    with torch.no_grad():
+        unfrozen = plain_replay(four_layers, records, 1.0, 4096, keep_prefixes=True, reuse_frozen=True)
+        assert unfrozen.frozen_states is None
+        freeze_below(four_layers, 2, "optim.train_layers")
+        plain = plain_replay(four_layers, records, 1.0, 4096, keep_prefixes=True, reuse_frozen=True)
+        assert plain.frozen_states is not None and plain.frozen_states[0] == 2
+        kept, expected = plain.prefixes, unfrozen.prefixes
+        assert sorted(kept.sequences) == sorted(expected.sequences) and len(kept) > 0
+        for sequence, kv in zip(kept.sequences, kept.kv):
+            want = expected.kv[expected.sequences.index(sequence)]
+            assert len(kv) == len(want) == 4  # every layer, the frozen ones first
+            for (keys, values), (want_keys, want_values) in zip(kv, want):
+                torch.testing.assert_close(keys, want_keys, rtol=1e-4, atol=5e-5)
+                torch.testing.assert_close(values, want_values, rtol=1e-4, atol=5e-5)
+        reused, reused_tokens = tokens_forwarded(four_layers, lambda: paired_replay(
+            four_layers, records, advantages, privileged, 0.3, 1.0, 4096, reuse_frozen=True, plain=plain))
+        whole, whole_tokens = tokens_forwarded(four_layers, lambda: paired_replay(
+            four_layers, records, advantages, privileged, 0.3, 1.0, 4096, share_prefix=False))
+    assert reused.valid.any() and torch.equal(reused.valid, whole.valid)
+    for name in ("old_logprobs", "delta", "advantages"):
+        torch.testing.assert_close(getattr(reused, name), getattr(whole, name), rtol=0, atol=4e-5)
+    branches = sum(len(p) + r.num_tokens - r.rubric_slot for r, p in zip(records, privileged) if p is not None)
+    assert reused_tokens <= branches  # the rubric pass forwarded only what follows each record's slot
+
+
+def test_the_reference_shares_the_policys_frozen_tensors_and_nothing_else(four_layers):
+    """share_frozen: the reference's embeddings and frozen bottom layers become the policy's own
+    tensors (one copy resident), its modules and the layers above stay its own; nothing is shared
+    where every layer trains or the values differ."""
+    from orsd.train.model import frozen_copy, share_frozen
+
+    reference = frozen_copy(four_layers)
+    assert share_frozen(four_layers, reference) == 0  # every layer trains
+    freeze_below(four_layers, 2, "optim.train_layers")
+    with torch.no_grad():
+        reference.get_decoder().layers[0].mlp.up_proj.weight.add_(1.0)
+    assert share_frozen(four_layers, reference) == 0  # not the same values
+    reference = frozen_copy(four_layers)
+    ids = torch.arange(3, 20).unsqueeze(0)
+    with torch.no_grad():
+        before = reference(input_ids=ids).logits
+    assert share_frozen(four_layers, reference) == 2
+    mine, theirs = four_layers.get_decoder(), reference.get_decoder()
+    for a, b in zip([*mine.embed_tokens.parameters(), *mine.layers[0].parameters(), *mine.layers[1].parameters()],
+                    [*theirs.embed_tokens.parameters(), *theirs.layers[0].parameters(), *theirs.layers[1].parameters()]):
+        assert a is b
+    for a, b in zip([*mine.layers[2].parameters(), *mine.layers[3].parameters(), *mine.norm.parameters()],
+                    [*theirs.layers[2].parameters(), *theirs.layers[3].parameters(), *theirs.norm.parameters()]):
+        assert a is not b and torch.equal(a, b)
+    assert not any(a is b for a, b in zip(four_layers.modules(), reference.modules()))
+    with torch.no_grad():
+        torch.testing.assert_close(reference(input_ids=ids).logits, before, rtol=0, atol=0)
+        mine.layers[3].mlp.up_proj.weight.add_(1.0)  # the policy's update reaches only its own layers
+        torch.testing.assert_close(reference(input_ids=ids).logits, before, rtol=0, atol=0)
