@@ -397,15 +397,17 @@ class PrefixCache:
         copied here (a view would keep its whole batch's cache alive), the keys in the values'
         dtype: under bf16 autocast they leave the rotary embedding in f32, and the forwards that
         read them cast them to bf16 anyway (_stacked), so a third fewer bytes are held (~250 MB
-        on the default step's 28 kept sequences). All of a sequence's layers share one buffer: ~60
-        small tensors each would scatter over the heap and, freed, leave it too fragmented to give
-        back (the default run's peak rose by ~465 MB so)."""
-        keys0, values0 = kv[0]
-        buffer = values0.new_empty((len(kv), 2, *values0.shape))
+        on the default step's 28 kept sequences). A sequence's layers share one buffer where their
+        shapes agree: one allocation instead of ~60 small ones scattered over the heap."""
+        self.sequences.append(sequence)
+        shape = kv[0][1].shape
+        if any(keys.shape != shape or values.shape != shape for keys, values in kv):  # layers of other shapes
+            self.kv.append([(keys.to(values.dtype, copy=True), values.clone()) for keys, values in kv])
+            return
+        buffer = kv[0][1].new_empty((len(kv), 2, *shape))
         for layer, (keys, values) in enumerate(kv):
             buffer[layer, 0].copy_(keys)
             buffer[layer, 1].copy_(values)
-        self.sequences.append(sequence)
         self.kv.append([(buffer[layer, 0], buffer[layer, 1]) for layer in range(len(kv))])
 
     def longest(self, sequence: list[int]) -> tuple[int, int]:

@@ -153,10 +153,14 @@ def share_frozen(policy, reference) -> int:
         if a.keys() != b.keys() or any(x.dtype != b[name].dtype or x.shape != b[name].shape
                                        or not torch.equal(x, b[name]) for name, x in a.items()):
             return 0
+    head = reference.get_output_embeddings()
+    tied = head is not None and head.weight is reference.get_input_embeddings().weight
     for mine, theirs in pairs:
         for name, parameter in mine.named_parameters():
             owner, _, attribute = name.rpartition(".")
             theirs.get_submodule(owner)._parameters[attribute] = parameter
+    if tied:  # a head tied to the embeddings reads the shared tensor too, as the policy's does
+        head.weight = reference.get_input_embeddings().weight
     return split
 
 

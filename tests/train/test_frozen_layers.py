@@ -283,6 +283,8 @@ def test_the_reference_shares_the_policys_frozen_tensors_and_nothing_else(four_l
                     [*theirs.layers[2].parameters(), *theirs.layers[3].parameters(), *theirs.norm.parameters()]):
         assert a is not b and torch.equal(a, b)
     assert not any(a is b for a, b in zip(four_layers.modules(), reference.modules()))
+    assert four_layers.get_output_embeddings().weight is mine.embed_tokens.weight  # a tied head (as SmolLM2's)
+    assert reference.get_output_embeddings().weight is mine.embed_tokens.weight  # shares the tensor too
     with torch.no_grad():
         torch.testing.assert_close(reference(input_ids=ids).logits, before, rtol=0, atol=0)
         mine.layers[3].mlp.up_proj.weight.add_(1.0)  # the policy's update reaches only its own layers
