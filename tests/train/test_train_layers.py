@@ -95,7 +95,13 @@ def test_build_gives_the_update_an_optimizer_over_the_top_layers_only(tiny_smol_
     assert policy.get_input_embeddings().weight.dtype == torch.float32  # and the head tied to it
     # the reference holds the policy's frozen values: the plain pass's states of layer 0 serve it too
     assert trainer.reference_shares_frozen(1)
-    with torch.no_grad():
-        trainer.reference.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
+    # ... and holds them in the policy's own tensors (model.share_frozen), the trained layer in its own
+    mine, theirs = policy.model.layers, trainer.reference.model.layers
+    assert theirs[0].mlp.up_proj.weight is mine[0].mlp.up_proj.weight
+    assert theirs[1].mlp.up_proj.weight is not mine[1].mlp.up_proj.weight
+    # a reference whose bottom layer differs (one not copied from this policy) is not served by them
+    changed = theirs[0].mlp.up_proj.weight.detach().clone()
+    changed[0, 0] += 1.0
+    theirs[0].mlp.up_proj.weight = torch.nn.Parameter(changed, requires_grad=False)
     trainer._reference_shares.clear()
     assert not trainer.reference_shares_frozen(1)
