@@ -244,11 +244,12 @@ class RubricConfig:
     context_template: str = doc("", "file overriding the privileged rubric message ('' = built-in)",
                                 text="'' or an existing file")
     context_role: str = doc("system", "chat role of the spliced rubric message", choices=("system", "user"))
-    placement: str = doc("observation", "where each turn's context takes the rubric message (and a distillation "
-                         "teacher's privileged text): observation (before the turn's current observation, next "
-                         "to the decision; the paper does not fix it) | task (after the system prompt, before "
-                         "the task: a task's turns share it, so the rubric pass costs about the plain pass; "
-                         "docs/training.md)", choices=("observation", "task"))
+    placement: str = doc("action", "where each turn's context takes the rubric message (and a distillation "
+                         "teacher's privileged text); the paper does not fix it: action (after the turn's current "
+                         "observation, right before the reply: the rubric pass forwards only the rubric and the "
+                         "reply) | observation (before the current observation) | task (after the system prompt, "
+                         "before the task: a task's turns share it; docs/training.md)",
+                         choices=("action", "observation", "task"))
     draft_tokens: int = doc(0, "hf engine only: speculative decoding of bundles, up to this many tokens per row "
                             "and step looked up (the prompt, the batch's other bundles, the warm start's criteria "
                             "pool when it shows bundle demos) and checked in one forward; what is sampled keeps "

@@ -25,26 +25,29 @@ def render(tokenizer, messages: list[dict], generation_prompt: bool = True) -> l
 
 
 def message_boundary(tokenizer, messages: list[dict], index: int, full_ids: list[int]) -> int:
-    """Token index where message `index` starts in `full_ids`, or -1 when the template does not
-    render the earlier messages as a prefix (then no privileged context can be spliced)."""
+    """Token index where message `index` starts in `full_ids` (index = len(messages): where the
+    generation prompt starts), or -1 when the template does not render the earlier messages as a
+    prefix (then no privileged context can be spliced)."""
     prefix = render(tokenizer, messages[:index], generation_prompt=False)
     return len(prefix) if full_ids[:len(prefix)] == prefix else -1
 
 
-PLACEMENTS = ("observation", "task")
+PLACEMENTS = ("action", "observation", "task")
 
 
 def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: int,
                   max_history_turns: int = 0, templates=None,
-                  placement: str = "observation") -> tuple[list[int], int, bool]:
+                  placement: str = "action") -> tuple[list[int], int, bool]:
     """(context ids, rubric slot, history dropped?) for the trajectory's next turn.
 
-    The slot (`rubric.placement`) is the boundary before the last user message, the current
-    observation ("observation": the rubric sits next to the decision it should inform), or before
+    The slot (`rubric.placement`) is a message boundary: after the last user message, before the
+    reply's generation prompt ("action": the rubric is the last thing read before acting, and the
+    rubric pass forwards only it and the reply, the observation's keys/values being the plain
+    pass's), before the last user message, the current observation ("observation"), or before
     the task message, after the system prompt ("task": every turn of a task shares the context up
-    to and with the rubric, so the rubric pass forwards it once along the prefix tree). On the
-    first turn the two coincide. The oldest (action, observation) pairs are dropped, after the task
-    message, until the context fits `max_context_tokens`.
+    to and with the rubric, so the rubric pass forwards it once along the prefix tree; on the first
+    turn it coincides with "observation"). The oldest (action, observation) pairs are dropped,
+    after the task message, until the context fits `max_context_tokens`.
     """
     if placement not in PLACEMENTS:
         raise ValueError(f"placement: {placement!r}; expected one of {PLACEMENTS}")
@@ -62,14 +65,14 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
         if len(ids) <= max_context_tokens or not history:
             break
         history, dropped = history[2:], True  # drop one (assistant, user) pair
-    index = len(kept) - 1 if placement == "observation" else 1  # kept[1]: the task message
+    index = {"action": len(kept), "observation": len(kept) - 1, "task": 1}[placement]  # kept[1]: the task message
     return ids, message_boundary(tokenizer, kept, index, ids), dropped
 
 
 def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
             max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
             key_prefix: str = "", group_offset: int = 0, templates=None,
-            placement: str = "observation") -> list[Group]:
+            placement: str = "action") -> list[Group]:
     """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
 
     Request keys are `<key_prefix>:<global group index>:<sample>:<turn>` (see RolloutEngine)."""

@@ -65,15 +65,20 @@ def shop_episode_state(tokenizer):
     return episode, task, Trajectory(task=task, observations=observations, actions=actions)
 
 
-def test_spliced_context_equals_the_template_with_the_rubric_message_inserted(smol_tokenizer):
+@pytest.mark.parametrize("placement", ["action", "observation"])
+def test_spliced_context_equals_the_template_with_the_rubric_message_inserted(smol_tokenizer, placement):
     episode, task, trajectory = shop_episode_state(smol_tokenizer)
-    context, slot, dropped = build_context(smol_tokenizer, episode, trajectory, 8192)
+    context, slot, dropped = build_context(smol_tokenizer, episode, trajectory, 8192, placement=placement)
     assert not dropped
     messages = build_messages(episode, task, trajectory.observations, trajectory.actions, episode.admissible_actions())
     assert context == render(smol_tokenizer, messages)
     rubric = rubric_ids(smol_tokenizer, RUBRIC_TEXT, "system")
-    with_rubric = messages[:-1] + [{"role": "system", "content": RUBRIC_TEXT}] + messages[-1:]
+    at = len(messages) if placement == "action" else len(messages) - 1  # after or before the observation
+    with_rubric = messages[:at] + [{"role": "system", "content": RUBRIC_TEXT}] + messages[at:]
     assert render(smol_tokenizer, with_rubric) == context[:slot] + rubric + context[slot:]
+    if placement == "action":  # all that follows the rubric is the reply's generation prompt
+        assert context[slot:] == render(smol_tokenizer, messages)[len(render(smol_tokenizer, messages, False)):]
+        assert build_context(smol_tokenizer, episode, trajectory, 8192)[1] == slot  # the default
     # the op does the same splice on a packed batch
     ids = torch.tensor(context, dtype=torch.long)
     new_ids, _, pos_map = ops.splice_rubric(ids, torch.tensor([0, len(context)]), torch.tensor([slot]),
@@ -87,7 +92,7 @@ def test_spliced_context_equals_the_template_with_the_rubric_message_inserted(sm
 def test_task_placement_splices_the_rubric_after_the_system_prompt(smol_tokenizer, history):
     episode, task, trajectory = shop_episode_state(smol_tokenizer)
     context, slot, dropped = build_context(smol_tokenizer, episode, trajectory, 8192, history, placement="task")
-    _, observation_slot, _ = build_context(smol_tokenizer, episode, trajectory, 8192, history)
+    _, observation_slot, _ = build_context(smol_tokenizer, episode, trajectory, 8192, history, placement="observation")
     assert dropped == bool(history) and 0 < slot < observation_slot
     messages = build_messages(episode, task, trajectory.observations, trajectory.actions, episode.admissible_actions())
     if history:
@@ -100,12 +105,12 @@ def test_task_placement_splices_the_rubric_after_the_system_prompt(smol_tokenize
     first = type(trajectory)(task=task, observations=trajectory.observations[:1], actions=[])
     first_context, first_slot, _ = build_context(smol_tokenizer, episode, first, 8192, history, placement="task")
     assert first_slot == slot and first_context[:slot] == context[:slot]
-    assert first_slot == build_context(smol_tokenizer, episode, first, 8192, history)[1]
+    assert first_slot == build_context(smol_tokenizer, episode, first, 8192, history, placement="observation")[1]
 
 
 def test_an_unknown_placement_is_refused(smol_tokenizer):
     episode, _, trajectory = shop_episode_state(smol_tokenizer)
-    with pytest.raises(ValueError, match="placement.*'observation', 'task'"):
+    with pytest.raises(ValueError, match="placement.*'action', 'observation', 'task'"):
         build_context(smol_tokenizer, episode, trajectory, 8192, placement="start")
 
 

@@ -96,11 +96,11 @@ def lp_of_response(model, context, response, temperature):
     return lp[-len(response):]
 
 
-@pytest.mark.parametrize("placement", ["observation", "task"])
+@pytest.mark.parametrize("placement", ["action", "observation", "task"])
 def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(placement, tiny_model, tiny_tokenizer):
     """A scripted verifier forces B* = bundle 0; Δ, e and A = A_GRPO + α·e·Δ (Eq. 8–9) are then
     checked by hand on every record of the first trajectory against plain forwards of the two
-    contexts, with the rubric before each turn's observation or before the task."""
+    contexts, with the rubric after or before each turn's observation or before the task."""
     config = small_config("method.name=orsd", "rubric.alpha=0.5", "rollout.temperature=0.8",
                           f"rubric.placement={placement}")
     verifier = ScriptedVerifier()
@@ -117,6 +117,13 @@ def test_orsd_step_with_a_selected_bundle_shapes_advantages_by_hand(placement, t
     slots = {r.rubric_slot for t in group.trajectories for r in t.records}
     if placement == "task":  # after the system prompt: the same slot on every turn of the task
         assert len(slots) == 1
+    elif placement == "action":  # after the observation: only the reply's generation prompt follows
+        assert len(slots) > 1
+        from orsd.train.rollout import render
+
+        turn = [{"role": "user", "content": "look"}]
+        prompt = render(tiny_tokenizer, turn)[len(render(tiny_tokenizer, turn, False)):]
+        assert prompt and all(r.context_ids[r.rubric_slot:] == prompt for t in group.trajectories for r in t.records)
     else:
         assert len(slots) > 1 and min(slots) == records[0].rubric_slot
     bundle = out.candidates[0].bundles[0]
