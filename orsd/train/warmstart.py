@@ -205,7 +205,7 @@ def detached_context_hidden(model, ids: torch.Tensor, cu: torch.Tensor, batch: l
     answers to contexts as the weights of that step encode them. The contexts are ~93% of the
     default warm start's tokens (~25-token answers to ~450-token prompts), and a no-grad forward
     costs about a third of a forward with its backward (measured: docs/training.md)."""
-    from orsd.engines.prefill import distinct_rows, tree_forward
+    from orsd.engines.tree import distinct_rows, tree_forward
 
     decoder = model.get_decoder()
     device = next(model.parameters()).device

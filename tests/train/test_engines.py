@@ -281,7 +281,7 @@ def test_repeated_prompts_are_prefilled_once(tiny_model, tiny_tokenizer):
 
 
 def test_prefix_tree_splits_where_prompts_diverge():
-    from orsd.engines.prefill import prefix_tree
+    from orsd.engines.tree import prefix_tree
 
     prompts = [[1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2, 6, 7], [9, 8]]
     root = prefix_tree(prompts)
@@ -300,7 +300,7 @@ def test_a_chain_of_segments_is_one_trunk_with_its_branches_hanging_off_it():
     """Three sequences branching off one trajectory at different depths (as a rubric spliced at each
     turn's slot does): the prefix tree is a chain of segments; `trunks` makes it one trunk, with
     every branch hanging off it at its own start."""
-    from orsd.engines.prefill import Node, prefix_tree, trunks
+    from orsd.engines.tree import Node, prefix_tree, trunks
 
     trajectory = list(range(10, 24))
     prompts = [trajectory[:5] + [90, 91], trajectory[:9] + [92, 93], trajectory]

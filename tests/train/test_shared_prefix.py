@@ -135,11 +135,76 @@ def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget, his
     assert reused_tokens <= branches < again_tokens
 
 
+@pytest.mark.parametrize("token_budget", [48, 4096])
+def test_rubric_pass_forwards_a_stem_its_records_share_once(tiny_model, token_budget):
+    """Records whose contexts agree up to the slot (a group's N first turns) continue from the same
+    kept sequence there and carry the same rubric: the rubric and what follows the slot up to the
+    response (the generation prompt) are forwarded once, each record then forwarding only its last
+    context token and its response. Δ as without reuse (fp32); a stem that saves less than one more
+    forward costs (PAD_TOKENS) is not made."""
+    from orsd.engines.tree import PAD_TOKENS
+    from orsd.train.replay import plain_replay
+
+    rng = random.Random(11)
+    tokens = lambda n: [rng.randrange(3, 60) for _ in range(n)]  # noqa: E731
+    prompt_tail = [61, 62, 63]  # the generation prompt after the slot (action placement)
+    long_rubric, short_rubric = [rng.randrange(64, 90) for _ in range(70)], [64, 65]
+    records, privileged, sets = [], [], []
+    for size, rubric in ((4, long_rubric), (3, long_rubric), (3, short_rubric)):
+        context = tokens(rng.randint(5, 20)) + prompt_tail
+        sets.append((size, len(rubric)))
+        for _ in range(size):
+            records.append(record(context, tokens(rng.randint(1, 5)), len(context) - len(prompt_tail)))
+            privileged.append(rubric)
+    records.append(record(tokens(9) + prompt_tail, [7, 8], 9))  # a record of its own
+    privileged.append(long_rubric)
+    advantages = [1.0] * len(records)
+    plain = plain_replay(tiny_model, records, 1.0, token_budget, keep_prefixes=True)
+    reused, reused_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
+        tiny_model, records, advantages, privileged, 0.5, 1.0, token_budget, plain=plain))
+    again = paired_replay(tiny_model, records, advantages, privileged, 0.5, 1.0, token_budget, reuse_plain=False)
+    assert reused.valid.sum() > 0 and torch.equal(reused.valid, again.valid)
+    torch.testing.assert_close(reused.delta, again.delta, rtol=0, atol=4e-5)
+    # a record continues at its slot, its rubric and the generation prompt up to the position that
+    # scores its first response token in a stem where one is made, then that position and its response
+    own = lambda r, p: len(p) + len(prompt_tail) + len(r.response_ids)  # noqa: E731
+    expected, start = 0, 0
+    for size, rubric_length in sets:
+        members = records[start:start + size]
+        stem = rubric_length + len(prompt_tail) - 1
+        assert ((size - 1) * stem > PAD_TOKENS) == (rubric_length == len(long_rubric))
+        if (size - 1) * stem > PAD_TOKENS:
+            expected += stem + sum(1 + len(r.response_ids) for r in members)
+        else:
+            expected += sum(own(r, privileged[start]) for r in members)
+        start += size
+    expected += own(records[-1], privileged[-1])
+    assert reused_tokens == expected < sum(own(r, p) for r, p in zip(records, privileged))
+
+
+def test_continue_from_leaves_the_callers_cache_as_it_was(tiny_model):
+    """The stems live in a cache of the pass's own: the plain pass's kept sequences are what they were."""
+    from orsd.engines.prefill import PrefixCache, shared_prefix_hidden
+
+    base = list(range(3, 20))
+    stem = list(range(40, 100))
+    cache = PrefixCache()
+    with torch.no_grad():
+        shared_prefix_hidden(tiny_model, [base], [[len(base) - 1]], keep_into=cache)
+        sequences = [base + stem + [k, k + 1] for k in (5, 7, 9)]
+        needed = [[len(base) + len(stem) + 1]] * 3
+        with_stem = shared_prefix_hidden(tiny_model, sequences, needed, prefixes=cache)
+        whole = shared_prefix_hidden(tiny_model, sequences, needed)
+    assert len(cache) == 1 and cache.sequences == [base]
+    for a, b in zip(with_stem, whole):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+
+
 def test_continued_rows_batch_by_their_starts_as_well_as_their_lengths():
     """The rubric pass's rows each continue from a cache of their own, padded to the batch's latest
     start: rows of the same length but far-apart starts go to different forwards, and every batch
     keeps the padding and budget bounds its docstring states."""
-    from orsd.engines.prefill import PAD_TOKENS, Hanging, _batches, _continued_batches
+    from orsd.engines.tree import PAD_TOKENS, Hanging, _batches, _continued_batches
 
     rows = [Hanging(start, [1] * 200, i) for i, start in enumerate([400, 10, 400, 10])]
     assert len(_batches(rows, 400)) == 1  # by length alone: one forward, every cache padded to 400
