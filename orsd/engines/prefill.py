@@ -246,7 +246,8 @@ def shared_stems(prompts: list[list[int]], first: list[int], served: list[tuple]
         sets.setdefault((index, start), []).append(p)
     stems = []
     for (index, start), members in sets.items():
-        end = min(min(first[p] for p in members), len(os.path.commonprefix([prompts[p] for p in members])))
+        common = os.path.commonprefix([prompts[p] for p in members])  # element by element: lists of ids too
+        end = min(min(first[p] for p in members), len(common))
         if (len(members) - 1) * (end - start) > PAD_TOKENS:
             stems.append((prompts[members[0]][:end], index, start))
     return stems
