@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from .packed import is_packed, packed_linears
-from .prefill import distinct_rows, lay_into, supports_tree_prefill, tree_prefill
+from .prefill import lay_into, supports_tree_prefill, tree_prefill
+from .tree import distinct_rows
 
 
 def check_top_k(sampling) -> None:

@@ -16,7 +16,7 @@ import torch
 from . import frozen
 from .tree import PAD_TOKENS, distinct_rows, tree_forward
 
-__all__ = ["PrefixCache", "bottom_states", "continue_from", "distinct_rows", "lay_into", "serves",
+__all__ = ["PrefixCache", "bottom_states", "continue_from", "lay_into", "serves",
            "shared_batches", "shared_prefix_hidden", "shared_stems", "supports_tree_prefill", "tree_prefill"]
 
 
