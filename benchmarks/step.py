@@ -14,8 +14,12 @@ whose bundles all fail to parse skips the verifier and the rubric pass, so such 
 `"complete": false` and its table says NOT COMPARABLE (on the AVX2-only EPYC of 2026-12-04, in fp32,
 the first ORSD step parsed none of its 4 bundles).
 
-    python benchmarks/step.py [--rounds N] [section.key=value ...]   # defaults: the CPU default
+    python benchmarks/step.py [--rounds N] [--flops] [section.key=value ...]   # defaults: the CPU default
     writes benchmarks/results/step_<device>.json and prints a table
+
+`--flops`: after the timing, one more step per method under a FLOP counter (benchmarks/flops.py),
+from the same weights and seed as each method's first timed step: GFLOP per stage, GFLOP/s as
+timed, and the ORSD/GRPO ratio of the work itself, which no scheduling of it changes.
 
 Wall seconds hold only on idle cores; each step's process CPU seconds are recorded too (less
 sensitive to other jobs on a shared machine), with the load average before the run.
@@ -37,6 +41,7 @@ sleeping_openmp_threads()  # as orsd-train runs: before torch is imported
 import torch  # noqa: E402
 
 from default_run import cpu_description  # noqa: E402
+from flops import StageFlops  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
@@ -85,15 +90,62 @@ def differing_rollout(trainer: Trainer) -> tuple[list, float, int]:
     raise SystemExit("benchmarks: no rollout out of 6 had differing rewards in every group")
 
 
+def counted_flops(orsd: Trainer, config, initial, groups, draw: int, texts: list) -> dict:
+    """FLOPs per stage (benchmarks/flops.py) of one GRPO and one ORSD step on the timed batch, each
+    on a copy of the initial weights with its first step's seed, as each method's first timed step;
+    the bundles on the counting thread (`replay.overlap=false`: the work is the same wherever it
+    runs); the rollout's by the timed draw again, on a fresh trainer. `rollout_matches` and
+    `bundles_match` say whether the counted rollout sampled the same ids and the counted ORSD step
+    wrote the same bundle texts (`texts`, per group) as the timed first ones. `as_timed`: regrouped
+    as the timed ORSD stages ran (the plain pass inside the bundle window, the replay stage its
+    rubric pass alone)."""
+    counts, matches = {}, None
+    for name in ("grpo", "orsd"):
+        cfg = copy.deepcopy(config)
+        cfg.method.name, cfg.replay.overlap = name, False
+        trainer = Trainer(cfg, copy.deepcopy(initial), orsd.tokenizer, orsd.reference,
+                          orsd.verifier if name == "orsd" else None, orsd.env)
+        stages = StageFlops()
+        with stages.counting():
+            if name == "grpo":
+                for d in range(1, draw + 1):  # the tasks of draws 1..draw, as differing_rollout drew them
+                    seed_everything(config.train.seed + d - 1, 0)
+                    tasks = trainer.sample_tasks()
+                with autocast(trainer.policy, config.model.autocast), stages.bucket("rollout"):
+                    again = trainer.rollout(tasks)
+                matches = ([r.response_ids for g in again for t in g.trajectories for r in t.records]
+                           == [r.response_ids for g in groups for t in g.trajectories for r in t.records])
+            outputs = trainer.step(copy.deepcopy(groups)).outputs
+        counts[name] = {k: v for k, v in stages.flops.items() if v}  # stages without a matmul left out
+    rollout = counts["grpo"].pop("rollout")
+    orsd_counts = counts["orsd"]
+    as_timed = {"grpo": {k: v for k, v in counts["grpo"].items() if k != "plain pass"},
+                "orsd": {**{k: v for k, v in orsd_counts.items() if k != "plain pass"},
+                         "bundles": orsd_counts.get("bundles", 0) + orsd_counts.get("plain pass", 0),
+                         "replay": orsd_counts.get("replay", 0) - orsd_counts.get("plain pass", 0)}}
+
+    def after(c):
+        return sum(v for k, v in c.items() if k != "verifier")
+
+    return {"rollout": rollout, "rollout_matches": matches,
+            "bundles_match": [c.texts for c in outputs.candidates] == texts, "counted": counts, "as_timed": as_timed,
+            "ratio_after_rollout": after(as_timed["orsd"]) / after(as_timed["grpo"]),
+            "ratio_step": (rollout + after(as_timed["orsd"])) / (rollout + after(as_timed["grpo"]))}
+
+
 def main(argv: list[str]) -> dict:
-    rounds = 2
-    if argv[:1] == ["--rounds"]:
+    rounds, flops = 2, False
+    while argv[:1] in (["--rounds"], ["--flops"]):
+        if argv[0] == "--flops":
+            flops, argv = True, argv[1:]
+            continue
         if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
             raise SystemExit("benchmarks/step.py: --rounds takes an integer >= 1")
         rounds, argv = int(argv[1]), argv[2:]
     config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
     host = machine()  # the load before this run adds its own
     orsd, warm_losses = build(config, None, None, log=lambda *_: None)
+    initial = copy.deepcopy(orsd.policy) if flops else None  # the weights both methods' first steps start from
     grpo_config = copy.deepcopy(config)
     grpo_config.method.name = "grpo"
     grpo = Trainer(grpo_config, copy.deepcopy(orsd.policy), orsd.tokenizer, orsd.reference, None, orsd.env)
@@ -101,8 +153,11 @@ def main(argv: list[str]) -> dict:
     # the same batch through both methods' whole step, each method on its own policy (its first
     # step from the initial weights, a later one from its own update), GRPO ORSD ORSD GRPO ...
     runs: dict[str, list] = {"grpo": [], "orsd": []}
+    texts = None  # the bundles of ORSD's first step (--flops checks its counted step wrote the same)
     for name in _order(rounds):
         step_result, cpu = timed_step(grpo if name == "grpo" else orsd, copy.deepcopy(groups))
+        if name == "orsd" and texts is None:
+            texts = [c.texts for c in step_result.outputs.candidates]
         seconds = {k: v for k, v in step_result.seconds.items() if k not in ("rollout", "sync")}
         runs[name].append({"seconds": seconds, "cpu_seconds": cpu, "metrics": step_result.metrics})
     grpo_seconds, orsd_seconds = mean_seconds(runs["grpo"]), mean_seconds(runs["orsd"])
@@ -151,6 +206,12 @@ def main(argv: list[str]) -> dict:
         "orsd_cpu_seconds": orsd_cpu,
         "load_average_after": list(os.getloadavg()),
     }
+    if flops:  # after the timing, which the counting would slow
+        result["flops"] = counted_flops(orsd, config, initial, groups, draw, texts)
+        for name, seconds in (("grpo", grpo_seconds), ("orsd", orsd_seconds)):
+            result["flops"][f"{name}_gflops_per_second"] = {
+                k: v / 1e9 / seconds[k] for k, v in result["flops"]["as_timed"][name].items() if seconds.get(k)}
+            result["flops"][f"{name}_gflops_per_second"]["rollout"] = result["flops"]["rollout"] / 1e9 / rollout_seconds
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"step_{result['device']}.json").write_text(json.dumps(result, indent=2))
     print(format_table(result))
@@ -172,6 +233,20 @@ def format_table(r: dict) -> str:
     if not r["complete"]:
         rows.append(f"NOT COMPARABLE: groups with a bundle per ORSD step {r['orsd_groups_with_bundle']} (bundles "
                     f"parsed {r['orsd_bundles_parsed']}): those groups skipped the verifier and the rubric pass")
+    if "flops" in r:
+        f = r["flops"]
+        rows.append(f"{'GFLOP':<11} {'GRPO':>8} {'ORSD':>8}   (GFLOP/s as timed: GRPO, ORSD)")
+        for name in names:
+            g, o = (f["rollout"], f["rollout"]) if name == "rollout" else (
+                f["as_timed"]["grpo"].get(name), f["as_timed"]["orsd"].get(name))
+            if not (g or o):
+                continue
+            rate = [f[f"{method}_gflops_per_second"].get(name) for method in ("grpo", "orsd")]
+            rows.append(f"{name:<11} {'' if g is None else f'{g / 1e9:8.0f}':>8} {'' if o is None else f'{o / 1e9:8.0f}':>8}"
+                        f"   {', '.join('' if x is None else f'{x:.0f}' for x in rate)}")
+        rows.append(f"ORSD/GRPO FLOPs excluding verifier: whole step {f['ratio_step']:.2f}, after the rollout "
+                    f"{f['ratio_after_rollout']:.2f}; counted again: the same rollout {f['rollout_matches']}, the same "
+                    f"bundles {f['bundles_match']}")
     m = r["machine"]
     rows.append(f"{m['cpu']} ({', '.join(m['isa'])}), {m['torch_threads']} threads, load before "
                 f"{m['load_average_1_5_15'][0]:.2f}, after {r['load_average_after'][0]:.2f}; CPU seconds after the "
