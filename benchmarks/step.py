@@ -90,15 +90,15 @@ def differing_rollout(trainer: Trainer) -> tuple[list, float, int]:
     raise SystemExit("benchmarks: no rollout out of 6 had differing rewards in every group")
 
 
-def counted_flops(orsd: Trainer, config, initial, groups, draw: int, texts: list) -> dict:
+def counted_flops(orsd: Trainer, config, initial, groups, draw: int, texts: list, overlapped: bool) -> dict:
     """FLOPs per stage (benchmarks/flops.py) of one GRPO and one ORSD step on the timed batch, each
     on a copy of the initial weights with its first step's seed, as each method's first timed step;
     the bundles on the counting thread (`replay.overlap=false`: the work is the same wherever it
     runs); the rollout's by the timed draw again, on a fresh trainer. `rollout_matches` and
     `bundles_match` say whether the counted rollout sampled the same ids and the counted ORSD step
     wrote the same bundle texts (`texts`, per group) as the timed first ones. `as_timed`: regrouped
-    as the timed ORSD stages ran (the plain pass inside the bundle window, the replay stage its
-    rubric pass alone)."""
+    as the timed ORSD stages ran; where they `overlapped`, the plain pass inside the bundle window
+    and the replay stage the rubric pass alone."""
     counts, matches = {}, None
     for name in ("grpo", "orsd"):
         cfg = copy.deepcopy(config)
@@ -118,11 +118,11 @@ def counted_flops(orsd: Trainer, config, initial, groups, draw: int, texts: list
             outputs = trainer.step(copy.deepcopy(groups)).outputs
         counts[name] = {k: v for k, v in stages.flops.items() if v}  # stages without a matmul left out
     rollout = counts["grpo"].pop("rollout")
-    orsd_counts = counts["orsd"]
+    orsd_counts, moved = counts["orsd"], counts["orsd"].get("plain pass", 0) if overlapped else 0
     as_timed = {"grpo": {k: v for k, v in counts["grpo"].items() if k != "plain pass"},
                 "orsd": {**{k: v for k, v in orsd_counts.items() if k != "plain pass"},
-                         "bundles": orsd_counts.get("bundles", 0) + orsd_counts.get("plain pass", 0),
-                         "replay": orsd_counts.get("replay", 0) - orsd_counts.get("plain pass", 0)}}
+                         "bundles": orsd_counts.get("bundles", 0) + moved,
+                         "replay": orsd_counts.get("replay", 0) - moved}}
 
     def after(c):
         return sum(v for k, v in c.items() if k != "verifier")
@@ -207,7 +207,7 @@ def main(argv: list[str]) -> dict:
         "load_average_after": list(os.getloadavg()),
     }
     if flops:  # after the timing, which the counting would slow
-        result["flops"] = counted_flops(orsd, config, initial, groups, draw, texts)
+        result["flops"] = counted_flops(orsd, config, initial, groups, draw, texts, orsd.overlaps())
         for name, seconds in (("grpo", grpo_seconds), ("orsd", orsd_seconds)):
             result["flops"][f"{name}_gflops_per_second"] = {
                 k: v / 1e9 / seconds[k] for k, v in result["flops"]["as_timed"][name].items() if seconds.get(k)}

@@ -40,6 +40,15 @@ def test_cpu_flash_attention_forward_and_backward_are_counted():
     assert counter.flops["backward"] == forward * 5 // 2
 
 
+def test_a_nested_bucket_counts_in_both():
+    counter = StageFlops()
+    with counter.bucket("replay"):
+        torch.randn(2, 3) @ torch.randn(3, 4)  # 48
+        with counter.bucket("plain pass"):
+            torch.randn(5, 6) @ torch.randn(6, 7)  # 420
+    assert dict(counter.flops) == {"replay": 468, "plain pass": 420}
+
+
 @pytest.mark.skipif(not packed.packs_bf16(), reason="oneDNN does not pack bf16 weights on this CPU (no AVX-512)")
 def test_packed_decode_linear_is_counted():
     layer = torch.nn.Linear(8, 5, bias=False)
@@ -58,7 +67,9 @@ def test_stages_native_heads_and_threads():
     gemm = 2 * n * vocab * width
     hidden, weight = torch.randn(n, width), torch.randn(vocab, width)
     targets = torch.randint(0, vocab, (n,))
-    patched = (lambda: (trainer.timed, fused_module._call_mkl, head_module._launch, replay.plain_replay))
+    def patched():
+        return trainer.timed, fused_module._call_mkl, head_module._launch, replay.plain_replay
+
     originals = patched()
     for dtype in (torch.float32, torch.bfloat16):  # each GEMM's one-time self-test, before counting
         ops.fused_token_logprobs(hidden.to(dtype), weight.to(dtype), targets)
