@@ -12,6 +12,7 @@ bundles, then for each `rubric.draft_tokens` value in turn, `--rounds` times:
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
@@ -28,30 +29,28 @@ from orsd.train import overlap  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
+from default_run import positive, script_parser  # noqa: E402
 from step import RESULTS, differing_rollout, machine  # noqa: E402
 
 
-def options(argv: list[str]) -> tuple[int, list[int], list[str]]:
-    rounds, drafts = 3, [0, 8]
-    while argv[:1] in (["--rounds"], ["--drafts"]):
-        if len(argv) < 2:
-            raise SystemExit(f"benchmarks/bundle_window.py: {argv[0]} takes a value")
-        try:
-            if argv[0] == "--rounds":
-                rounds = int(argv[1])
-            else:
-                drafts = [int(x) for x in argv[1].split(",")]
-        except ValueError:
-            raise SystemExit(f"benchmarks/bundle_window.py: {argv[0]} {argv[1]!r}: expected integers") from None
-        argv = argv[2:]
-    if rounds < 1 or not drafts or min(drafts) < 0:
-        raise SystemExit("benchmarks/bundle_window.py: --rounds >= 1 and --drafts counts >= 0")
-    return rounds, drafts, argv
+def drafts_list(text: str) -> list[int]:
+    """argparse type of --drafts: comma-separated counts >= 0."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return counts
 
 
 def main(argv: list[str]) -> dict:
-    rounds, drafts, overrides = options(argv)
-    config = load_config(None, ["method.name=orsd", "train.progress=false", *overrides])
+    parser = script_parser(__doc__)
+    parser.add_argument("--rounds", type=positive, default=3, help="measurements per draft count")
+    parser.add_argument("--drafts", type=drafts_list, default=[0, 8], help="rubric.draft_tokens values, e.g. 0,8")
+    args = parser.parse_intermixed_args(argv)
+    rounds, drafts = args.rounds, args.drafts
+    config = load_config(None, ["method.name=orsd", "train.progress=false", *args.overrides])
     host = machine()
     trainer, warm_losses = build(config, None, None, log=lambda *_: None)
     groups, rollout_seconds, _ = differing_rollout(trainer)

@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--methods", default="", help="comma-separated subset (default: every method)")
     parser.add_argument("--out", default=str(RESULTS / "compare_methods.md"), help="the markdown table")
     parser.add_argument("overrides", nargs="*", help="section.key=value applied to every run")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     runs_dir, out = Path(args.runs_dir).resolve(), Path(args.out).resolve()
     os.chdir(ROOT)  # SMOKE's paths; the tables then name runs relative to the root
     transformers.utils.logging.disable_progress_bar()  # one line per method, not per weight shard

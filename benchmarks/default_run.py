@@ -26,6 +26,23 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+def positive(text: str) -> int:
+    """argparse type of --rounds: an integer >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's command line: its docstring as --help, then the config overrides that orsd-train
+    takes, so that `--help` or a bad option is answered before the model is built. Parse it with
+    parse_intermixed_args, as orsd-train does: overrides may come before, between and after options."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="config overrides, as orsd-train takes them (default: the embedded CPU default)")
+    return parser
+
+
 def cpu_description() -> dict:
     """The CPU's model name and the ISA flags that decide precision (model.autocast=auto), cores,
     load average; no torch import."""
@@ -128,10 +145,9 @@ def run(run_dir: Path, overrides: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--run-dir", help="scratch run directory (default: a new one under /tmp)")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="orsd-default-"))
     result = run(run_dir, args.overrides)
     RESULTS.mkdir(exist_ok=True)

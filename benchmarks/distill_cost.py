@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from default_run import script_parser
 from orsd.methods import Candidates
 from orsd.rubric import RubricBundle, VerifierResult
 from orsd.train.config import load_config
@@ -118,7 +119,8 @@ def _status(key: str) -> int:
 
 
 def main(argv: list[str]) -> dict:
-    base = ["warm_start.enabled=false", "train.progress=false", *argv]
+    args = script_parser(__doc__).parse_intermixed_args(argv)
+    base = ["warm_start.enabled=false", "train.progress=false", *args.overrides]
     config = load_config(None, ["method.name=grpo", *base])
     configs = [load_config(None, [f"method.name={name}", *base, *overrides]) for name, overrides in METHODS]
     tokenizer = load_tokenizer(config.model.path)

@@ -39,6 +39,7 @@ from orsd.train.model import autocast  # noqa: E402
 from orsd.train.replay import paired_replay  # noqa: E402
 from orsd.train.rollout import PLACEMENTS  # noqa: E402
 from rubric_pass import RUBRIC  # noqa: E402
+from default_run import positive, script_parser  # noqa: E402
 from step import RESULTS, differing_rollout, machine  # noqa: E402
 
 
@@ -47,12 +48,11 @@ def records_of(groups) -> list:
 
 
 def main(argv: list[str]) -> dict:
-    rounds = 2
-    if argv[:1] == ["--rounds"]:
-        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
-            raise SystemExit("benchmarks/placement.py: --rounds takes an integer >= 1")
-        rounds, argv = int(argv[1]), argv[2:]
-    config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
+    parser = script_parser(__doc__)
+    parser.add_argument("--rounds", type=positive, default=2, help="measurements per placement and rubric")
+    args = parser.parse_intermixed_args(argv)
+    rounds = args.rounds
+    config = load_config(None, ["method.name=orsd", "train.progress=false", *args.overrides])
     host = machine()
     trainer, _ = build(config, None, None, log=lambda *_: None)
     tokenizer, r = trainer.tokenizer, config.rubric

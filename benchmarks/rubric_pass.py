@@ -26,7 +26,7 @@ sleeping_openmp_threads()  # as orsd-train runs: before torch is imported
 
 import torch  # noqa: E402
 
-from default_run import cpu_description  # noqa: E402
+from default_run import cpu_description, positive, script_parser  # noqa: E402
 from orsd.train import bundles  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
@@ -55,10 +55,11 @@ def counted(decoder):
 
 
 def main(argv: list[str]) -> dict:
-    rounds = 3
-    if argv[:1] == ["--rounds"]:
-        rounds, argv = int(argv[1]), argv[2:]
-    config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
+    parser = script_parser(__doc__)
+    parser.add_argument("--rounds", type=positive, default=3, help="measurements, reuse off then on")
+    args = parser.parse_intermixed_args(argv)
+    rounds = args.rounds
+    config = load_config(None, ["method.name=orsd", "train.progress=false", *args.overrides])
     host = cpu_description()
     trainer, _ = build(config, None, None, log=lambda *_: None)
     groups, _, _ = differing_rollout(trainer)

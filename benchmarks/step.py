@@ -40,7 +40,7 @@ sleeping_openmp_threads()  # as orsd-train runs: before torch is imported
 
 import torch  # noqa: E402
 
-from default_run import cpu_description  # noqa: E402
+from default_run import cpu_description, positive, script_parser  # noqa: E402
 from flops import StageFlops  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
@@ -134,15 +134,12 @@ def counted_flops(orsd: Trainer, config, initial, groups, draw: int, texts: list
 
 
 def main(argv: list[str]) -> dict:
-    rounds, flops = 2, False
-    while argv[:1] in (["--rounds"], ["--flops"]):
-        if argv[0] == "--flops":
-            flops, argv = True, argv[1:]
-            continue
-        if len(argv) < 2 or not argv[1].isdigit() or int(argv[1]) < 1:
-            raise SystemExit("benchmarks/step.py: --rounds takes an integer >= 1")
-        rounds, argv = int(argv[1]), argv[2:]
-    config = load_config(None, ["method.name=orsd", "train.progress=false", *argv])
+    parser = script_parser(__doc__)
+    parser.add_argument("--rounds", type=positive, default=2, help="steps per method, in the order GRPO ORSD ORSD GRPO ...")
+    parser.add_argument("--flops", action="store_true", help="count each stage's FLOPs after the timing")
+    args = parser.parse_intermixed_args(argv)
+    rounds, flops = args.rounds, args.flops
+    config = load_config(None, ["method.name=orsd", "train.progress=false", *args.overrides])
     host = machine()  # the load before this run adds its own
     orsd, warm_losses = build(config, None, None, log=lambda *_: None)
     initial = copy.deepcopy(orsd.policy) if flops else None  # the weights both methods' first steps start from
