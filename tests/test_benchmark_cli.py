@@ -5,7 +5,6 @@ imports), and options and config overrides may come in any order."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -25,13 +24,10 @@ class Reached(Exception):
 @pytest.fixture
 def script(request, monkeypatch):
     """The benchmark module, its first step after parsing patched to raise Reached with its arguments.
-    Importing some scripts sets OMP_WAIT_POLICY (for the threads of a real run); it is put back."""
-    saved = os.environ.get("OMP_WAIT_POLICY")
+    Importing some scripts sets OMP_WAIT_POLICY (for the threads of a real run); monkeypatch puts
+    back what it was."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     module = importlib.import_module(request.param)
-    if saved is None:
-        os.environ.pop("OMP_WAIT_POLICY", None)
-    else:
-        os.environ["OMP_WAIT_POLICY"] = saved
 
     def reached(*args, **kwargs):
         raise Reached(args)
