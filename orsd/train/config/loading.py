@@ -19,6 +19,7 @@ from .schema import Config
 #: keys renamed by the method/house rework; old configs keep working for one release (with a warning)
 RENAMED = {"rubric.mode": "method.name", "verifier.mode": "verifier.granularity"}
 
+
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
     """Check (and gently convert: int -> float, YAML scalars from the CLI) one value."""
     origin = typing.get_origin(annotation)

@@ -106,4 +106,3 @@ class ConfigError(ValueError):
     def at(self, where: str | None) -> "ConfigError":
         """The same error prefixed with where the value came from (file:line, or command line)."""
         return ConfigError(f"{where}: {self}", self.key) if where else self
-
