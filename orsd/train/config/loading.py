@@ -54,24 +54,24 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
                       key=key)
 
 
-def _rename_legacy(data: dict) -> dict:
-    """Move keys listed in RENAMED to their new place, with a warning naming both."""
+def _rename_legacy(layer: _Layer) -> dict:
+    """Move keys listed in RENAMED to their new place, with a warning naming both and where the old
+    one was written. Called by load_config only: stacklevel 3 points the warning at its caller."""
     import warnings
 
+    data = layer.data
     for old, new in RENAMED.items():
         section, key = old.split(".")
         if isinstance(data.get(section), dict) and key in data[section]:
             value = data[section].pop(key)
-            warnings.warn(f"config key {old!r} is now {new!r}; the old name is read for one release",
-                          FutureWarning, stacklevel=3)
+            warnings.warn(f"{layer.lines.get(old, layer.where)}: config key {old!r} is now {new!r}; "
+                          f"the old name is read for one release", FutureWarning, stacklevel=3)
             new_section, new_key = new.split(".")
             data.setdefault(new_section, {})[new_key] = value
     return data
 
 
 def _merge(obj: Any, data: dict, prefix: str = "") -> None:
-    if not prefix and isinstance(data, dict):
-        data = _rename_legacy(data)
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a mapping of keys, got {data!r}",
                           key=prefix.rstrip(".") or None)
@@ -208,8 +208,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
     layers += [_override_layer(item) for item in overrides]
     origin: dict[str, str] = {}
     for layer in layers:
+        data = _rename_legacy(layer) if isinstance(layer.data, dict) else layer.data
         try:
-            _merge(config, layer.data)
+            _merge(config, data)
         except ConfigError as error:
             raise error.at(layer.lines.get(error.key or "", layer.where)) from None
         origin.update(layer.lines)
