@@ -11,7 +11,7 @@ window (9.0–9.5 s), where on both threads afterwards it takes 2.1–2.3 s (8.1
 AMD EPYC, alternating in one process; docs/training.md).
 On the Intel Xeon of 2026-12-02, a decode and a plain pass side by side had been slower than
 one after the other (24.0 against 18.6 s); on the same kind of Xeon on 2026-12-06, with the code of
-that day, side by side was faster (ORSD's bundles and replay 8.4–10.2 s against 10.5–11.3 s).
+that day, side by side was faster (ORSD's bundles and replay 8.4–10.0 s against 10.5–11.3 s).
 `replay.overlap=false` turns this off.
 
 The bundle writer decodes with a `twin` of its model: module objects of its own over the same
