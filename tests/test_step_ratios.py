@@ -26,7 +26,7 @@ def test_ratios_exclude_the_verifier_and_can_put_shared_stages_at_grpo_times(ste
     r = step.ratios(grpo, orsd, rollout_seconds=10.0)
     assert r["ratio_after_rollout_excluding_verifier"] == pytest.approx(22.0 / 16.0)
     assert r["ratio_step_excluding_verifier"] == pytest.approx(32.0 / 26.0)
-    # ORSD's reference 3 -> 2 and update 9 -> 10: its own stages are 7 + 3 = 10 s over GRPO's 16 - 4
+    # the shared stages take 12 s in both steps here (ORSD 3 + 9, GRPO 2 + 10): both measures agree
     assert r["ratio_after_rollout_shared_as_grpo"] == pytest.approx(22.0 / 16.0)
     assert r["ratio_step_shared_as_grpo"] == pytest.approx(32.0 / 26.0)
     orsd["update"] = 12.0  # a slower shared stage moves the plain ratio, not the shared-as-GRPO one
