@@ -19,9 +19,9 @@ together, on the 2-core CPU under bf16 autocast (same process, alternating, libg
 threads): a rollout turn of 6 WebShop prompts of one task (209–573 tokens, 40 new tokens) 9.1–10.2
 s → 4.6–7.1 s, 4 bundle rows (2 prompts of 734 and 819 tokens, up to 128 tokens) 19.8–20.0 s →
 14.1–15.2 s for as many tokens; the default run's step-1 rollout under orsd-train's sleeping
-threads 24.1–24.4 → 22.2–22.9 s when the warm start ran in the same process (README). A model
-whose head or cache this cannot serve (a biased or rescaled head, sliding-window layers) takes the
-left-padded batched prefill and the model's own forward.
+threads 24.1–24.4 → 22.2–22.9 s when the warm start ran in the same process
+(docs/performance-history.md). A model whose head or cache this cannot serve (a biased or rescaled
+head, sliding-window layers) takes the left-padded batched prefill and the model's own forward.
 """
 
 from __future__ import annotations
