@@ -1,10 +1,14 @@
-"""The hf engine's bundle-generation option: an n-gram ban that vLLM cannot honour."""
+"""The hf engine's decode loop (engines/decode.py): the same ids and log-probs as transformers'
+`generate` (greedy, temperature, top-k, top-p, the n-gram ban that vLLM cannot honour), its decode
+attention and reserved KV cache, and a frozen head cast once per call. Prefill (repeated and shared
+prompts, the prefix tree) is in test_prefill.py."""
 
 import pytest
 import torch
+from helpers.transformers_reference import transformers_generate
 
-from orsd.train.config import ConfigError, load_config
 from orsd.engines.hf import HfEngine, Sampling
+from orsd.train.config import ConfigError, load_config
 
 
 def ngrams(ids, n):
@@ -180,27 +184,6 @@ def test_generation_under_bf16_autocast_follows_transformers_sdpa(tiny_model, ti
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)  # equal on the dev box; SDPA kernels may round differently elsewhere
 
 
-def transformers_generate(model, prompts, pad_id, stop_ids, sampling):
-    """transformers' own sampling loop on the same left-padded batch: the reference for decode.py.
-    top_k=0 turns top-k off: with top_k=None transformers 5 applies its default of 50."""
-    from transformers import GenerationConfig
-
-    from orsd.engines.decode import left_padded
-
-    input_ids, attention_mask = left_padded(prompts, pad_id)
-    config = GenerationConfig(
-        do_sample=not sampling.greedy, temperature=None if sampling.greedy else sampling.temperature,
-        top_p=None if sampling.greedy else sampling.top_p, top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
-        eos_token_id=stop_ids, pad_token_id=pad_id, no_repeat_ngram_size=sampling.no_repeat_ngram_size or None,
-        output_logits=True, return_dict_in_generate=True)
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-    temperature = 1.0 if sampling.greedy else sampling.temperature
-    new = out.sequences[:, input_ids.shape[1]:]
-    logprobs = torch.stack([torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, new[:, k:k + 1])[:, 0]
-                            for k, step in enumerate(out.logits)], dim=1)
-    return new, logprobs
-
-
 @pytest.mark.parametrize("sampling", [
     Sampling(max_new_tokens=16, greedy=True),
     Sampling(temperature=0.7, top_p=0.8, max_new_tokens=16),
@@ -249,134 +232,6 @@ def test_ngram_ban_forbids_exactly_the_tokens_that_would_repeat():
     scores = torch.zeros(1, 10)
     ban.apply(scores)
     assert sorted(torch.isinf(scores[0]).nonzero().flatten().tolist()) == [7, 8]
-
-
-def prefill_shapes(model, run):
-    """The [rows, tokens] of every decoder forward while `run()` runs, and what it returned."""
-    shapes = []
-    hook = model.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
-        return shapes, run()
-    finally:
-        hook.remove()
-
-
-def test_repeated_prompts_are_prefilled_once(tiny_model, tiny_tokenizer):
-    """[A, A, B, A]: each distinct prompt forwarded once (the two, sharing nothing, in one batch:
-    padding 7 tokens costs less than a second forward), and every row decodes what it decodes
-    alone (greedy, fp32)."""
-    a = tiny_tokenizer.encode("Task: put a clean apple in the fridge.", add_special_tokens=False)
-    b = tiny_tokenizer.encode("the agent clicks", add_special_tokens=False)
-    assert a[0] != b[0]  # nothing shared: two prefills
-    model = tiny_model.eval()
-    engine = HfEngine(model, tiny_tokenizer)
-    sampling = Sampling(max_new_tokens=10, greedy=True)
-    shapes, together = prefill_shapes(model, lambda: engine.generate([a, a, b, a], sampling))
-    assert shapes[0] == (2, len(a)) and all(s == (4, 1) for s in shapes[1:])
-    alone = {name: engine.generate([prompt], sampling)[0] for name, prompt in (("a", a), ("b", b))}
-    for name, generation in zip("aaba", together):
-        assert generation.ids == alone[name].ids and len(generation.ids) > 1
-        assert generation.logprobs == pytest.approx(alone[name].logprobs, abs=1e-5)
-
-
-def test_prefix_tree_splits_where_prompts_diverge():
-    from orsd.engines.tree import prefix_tree
-
-    prompts = [[1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2, 6, 7], [9, 8]]
-    root = prefix_tree(prompts)
-    assert (root.start, root.end) == (0, 0) and [c.prompts for c in root.children] == [[0, 1, 2], [3]]
-    shared = root.children[0]
-    assert (shared.start, shared.end) == (0, 2)  # [1, 2]
-    assert [(c.start, c.end, c.prompts) for c in shared.children] == [(2, 3, [0, 1]), (2, 4, [2])]
-    # [1, 2, 3, 4] is a prefix of [1, 2, 3, 4, 5]: the segment stops one short, so it keeps its last token
-    assert [(c.start, c.end, c.prompts) for c in shared.children[0].children] == [(3, 4, [0]), (3, 5, [1])]
-    for bad in ([[1, 2], [1, 2]], [[1], []]):
-        with pytest.raises(ValueError, match="distinct, non-empty"):
-            prefix_tree(bad)
-
-
-def test_a_chain_of_segments_is_one_trunk_with_its_branches_hanging_off_it():
-    """Three sequences branching off one trajectory at different depths (as a rubric spliced at each
-    turn's slot does): the prefix tree is a chain of segments; `trunks` makes it one trunk, with
-    every branch hanging off it at its own start."""
-    from orsd.engines.tree import Node, prefix_tree, trunks
-
-    trajectory = list(range(10, 24))
-    prompts = [trajectory[:5] + [90, 91], trajectory[:9] + [92, 93], trajectory]
-    first = [5, 9, 12]
-    root = prefix_tree(prompts, first)
-    hanging = trunks(Node(0, 0, root.prompts, [root]), prompts)
-    assert len(hanging) == 1 and hanging[0].items is not None
-    trunk = hanging[0]
-    assert (trunk.start, trunk.tokens) == (0, trajectory[:9])  # down to the last divergence
-    assert sorted((item.start, item.tokens, item.items) for item in trunk.items) == [
-        (5, [90, 91], None), (9, trajectory[9:], None), (9, [92, 93], None)]
-
-
-def test_branches_at_different_depths_take_one_forward_and_equal_whole_forwards(tiny_model):
-    """The trunk's forward, then its branches in one batch, each row masked past its own start:
-    two forwards in all, and every needed hidden state what the sequence's own forward gives (fp32)."""
-    from orsd.engines.prefill import shared_prefix_hidden
-
-    trajectory = list(range(10, 40))
-    sequences = [trajectory[:8] + [90, 91, 92], trajectory[:17] + [93, 94], trajectory[:25] + [95], trajectory]
-    needed = [[8, 9, 10], [16, 17, 18], [24, 25], [26, 29]]
-    model = tiny_model.eval()
-    with torch.no_grad():
-        shapes, hidden = prefill_shapes(model, lambda: shared_prefix_hidden(model, sequences, needed))
-        for sequence, positions, rows in zip(sequences, needed, hidden):
-            alone = model.get_decoder()(input_ids=torch.tensor([sequence])).last_hidden_state[0]
-            torch.testing.assert_close(rows, alone[positions], rtol=0, atol=1e-5)
-    # the trunk up to the first position the deepest branch needs, then the four branches
-    assert shapes == [(1, 24), (4, 6)]
-
-
-def test_shared_batches_count_a_shared_prefix_once():
-    """The update's prefix packing: sequences sorted by tokens, a batch closes when the tokens its
-    tree would forward (each sequence beyond what it shares with the one before) pass the budget."""
-    import random
-
-    from orsd.engines.prefill import shared_batches
-
-    system, rng = [1, 1, 1, 1, 1, 1], random.Random(0)
-    tasks = [system + [2, 2, 2, 2], system + [3, 3, 3, 3]]
-    sequences = [tasks[i % 2] + [rng.randrange(4, 50) for _ in range(3)] for i in range(8)]
-    batches = shared_batches(sequences, token_budget=25)
-    assert sorted(i for b in batches for i in b) == list(range(8))
-    # each task's four sequences share 10 tokens: 10 + 4 × 3 = 22 tokens forwarded, one batch per task
-    assert sorted(map(sorted, batches)) == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    # by padded length they would need 4 × 13 = 52 tokens. Sharing 19 tokens, two sequences of 20
-    # cost 21; one over the budget is a batch alone
-    assert shared_batches([[7], [5] * 19 + [6], [5] * 20], token_budget=21) == [[2, 1], [0]]
-    assert shared_batches([[7], [5] * 19 + [6], [5] * 20], token_budget=20) == [[2], [1], [0]]
-    assert shared_batches([[5] * 30, [7]], token_budget=20) == [[0], [1]]
-
-
-def test_shared_prefixes_are_prefilled_once_and_decode_as_alone(tiny_model, tiny_tokenizer):
-    """A group's prompts share a prefix: it is forwarded once on one row, then their remainders and
-    an unrelated prompt together as one batch on its keys/values (the unrelated row masked off
-    them); each row decodes what it decodes alone (greedy, fp32), at temperature 1 too (the same
-    seed, the same ids as the left-padded batch of transformers)."""
-    shared, x, y, other = list(range(10, 30)), [40, 41, 42], [43, 44, 45], [60, 61, 62, 63, 64]
-    prompts = [shared + x, shared + x, shared + y, other]
-    model = tiny_model.eval()
-    engine = HfEngine(model, tiny_tokenizer)
-    sampling = Sampling(max_new_tokens=8, greedy=True)
-    shapes, together = prefill_shapes(model, lambda: engine.generate(prompts, sampling))
-    assert shapes[:2] == [(1, len(shared)), (3, len(other))]
-    assert all(s == (4, 1) for s in shapes[2:])
-    for prompt, generation in zip(prompts, together):
-        alone = engine.generate([prompt], sampling)[0]
-        assert generation.ids == alone.ids and len(generation.ids) > 1
-        assert generation.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
-    sampling = Sampling(temperature=1.0, max_new_tokens=8)
-    torch.manual_seed(5)
-    expected_ids, expected_logprobs = transformers_generate(model, prompts, engine.pad_id, engine.stop_ids, sampling)
-    torch.manual_seed(5)
-    for row, generation in enumerate(engine._generate_batch(prompts, sampling)):
-        assert generation.ids == expected_ids[row, :len(generation.ids)].tolist()
-        assert generation.logprobs == pytest.approx(expected_logprobs[row, :len(generation.ids)].tolist(), abs=1e-5)
 
 
 def test_a_frozen_head_is_cast_once_per_decode_call(tiny_model, tiny_tokenizer):
