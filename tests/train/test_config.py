@@ -53,6 +53,7 @@ def test_int_is_accepted_for_float():
     ("optim.old_logprobs=sampler", "optim.old_logprobs"),
     ("optim.micro_batch_size=-1", "optim.micro_batch_size"),
     ("rollout.top_p=1.5", "rollout.top_p"),
+    ("rollout.group_size=1", "rollout.group_size"),  # a group of one has zero advantage
     ("rubric=3", "rubric"),
     ("verifier.kind=openai", "verifier.base_url"),
 ])
