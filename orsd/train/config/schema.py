@@ -67,8 +67,9 @@ class EnvConfig:
 class RolloutConfig:
     engine: str = doc("hf", "rollout engine: hf (the policy decodes, engines/decode.py) | vllm", choices=("hf", "vllm"))
     tasks_per_step: int = doc(8, "tasks sampled per step (paper: 8)", ge=1)
-    group_size: int = doc(8, "trajectories per task, N (paper: 8); every method normalises rewards within "
-                          "the group, so one trajectory would have zero advantage", ge=2)
+    group_size: int = doc(8, "trajectories per task, N (paper: 8); at least 2, as every method compares "
+                          "a group's trajectories (GRPO's normalisation, B*'s Spearman rho, a successful "
+                          "sibling as teacher)", ge=2)
     temperature: float = doc(1.0, "sampling temperature of rollouts (replay divides logits by it too)", gt=0)
     top_p: float = doc(1.0, "nucleus sampling of rollouts", gt=0, le=1)
     top_k: int = doc(0, "sample rollouts from the k most likely tokens only (0: off, the paper); like top_p "
