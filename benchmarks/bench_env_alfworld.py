@@ -140,7 +140,7 @@ def main() -> None:
               f"{statistics.mean(lengths[kind]):.1f} |")
 
     rng = random.Random(args.seed)
-    print(f"\n| policy | split | episodes | success | actions/s |")
+    print("\n| policy | split | episodes | success | actions/s |")
     print("|---|---|---|---|---|")
     for name, policy in (("expert", lambda e: e.expert_action()), ("random", lambda e: random_action(e, rng))):
         for split in ("train", "valid_seen", "valid_unseen"):

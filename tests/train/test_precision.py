@@ -11,7 +11,7 @@ import torch
 
 from orsd.train import model as model_module
 from orsd.train.config import ConfigError, load_config
-from orsd.train.model import autocast, choose_autocast, configure_threads, probe_bf16_speedup
+from orsd.train.model import autocast, choose_autocast, probe_bf16_speedup
 
 SHAPE = dict(hidden_size=576, intermediate_size=1536)  # SmolLM2-135M's MLP
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import re
 from typing import Any
 
 from orsd.envs.base import Env, Task
