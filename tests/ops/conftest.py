@@ -1,9 +1,10 @@
-"""Fixtures for the op tests: the devices to run on, the CPU instruction sets to cover, and a
-hypothesis profile (no deadline: the first call of a kernel may page in code; derandomized in CI
-so a run is reproducible)."""
+"""Fixtures for the op tests: the devices to run on, the CPU instruction sets to cover, the ops
+without their native extension (`without_native`), and a hypothesis profile (no deadline: the
+first call of a kernel may page in code; derandomized in CI so a run is reproducible)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -52,3 +53,13 @@ def cpu_isa(request):
     _C.set_cpu_isa(request.param)
     yield request.param
     _C.set_cpu_isa(previous)
+
+
+@pytest.fixture
+def without_native(monkeypatch):
+    """The op modules as they run when `orsd._C` cannot be imported: the pure-torch reference, its
+    once-per-process warning due again."""
+    backend = importlib.import_module("orsd.ops._backend")
+    monkeypatch.setattr(backend, "_C", None)
+    monkeypatch.setattr(backend, "_IMPORT_ERROR", ImportError("simulated"))
+    monkeypatch.setattr(backend, "_warned_reference", False)

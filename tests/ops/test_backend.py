@@ -37,13 +37,6 @@ def test_set_cpu_isa_rejects_unknown_names():
         _C.set_cpu_isa("avx9000")
 
 
-@pytest.fixture
-def without_native(monkeypatch):
-    monkeypatch.setattr(backend_module, "_C", None)
-    monkeypatch.setattr(backend_module, "_IMPORT_ERROR", ImportError("simulated"))
-    monkeypatch.setattr(backend_module, "_warned_reference", False)
-
-
 def test_reference_fallback_warns_once_and_matches(without_native):
     assert orsd.ops.backend() == {
         "cpu": "absent",

@@ -34,13 +34,6 @@ def restore_gemm():
 # ---- fallbacks ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def without_native(monkeypatch):
-    monkeypatch.setattr(backend_module, "_C", None)
-    monkeypatch.setattr(backend_module, "_IMPORT_ERROR", ImportError("simulated"))
-    monkeypatch.setattr(backend_module, "_warned_reference", False)
-
-
 def test_missing_extension_falls_back_loudly_and_matches(without_native):
     hidden, weight, targets = make_inputs(1100, 8, 60, torch.float32, "cpu")  # two fallback chunks
     with pytest.warns(RuntimeWarning, match="pure-torch reference"):
