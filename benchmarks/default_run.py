@@ -4,11 +4,11 @@ and peak RSS of the process, the load on the machine, stage seconds and the lear
     python benchmarks/default_run.py [--run-dir /tmp/x] [section.key=value ...]
     writes benchmarks/results/default_run_cpu.json (and prints it)
 
-The run goes to a scratch directory (a new one under /tmp unless --run-dir is given). Peak RSS is
-the largest of the run's processes (ru_maxrss) and, since the warm start runs in a child process
-of its own (warm_start.process), also the sum over the run's process tree sampled every 0.2 s; the
-load average is read before and after, since on a shared machine the wall time says little
-without it.
+The run goes to a scratch directory under /tmp, removed once its figures are read (the checkpoints
+alone are ~1.4 GB), or to --run-dir, which is kept. Peak RSS is the largest of the run's processes
+(ru_maxrss) and, since the warm start runs in a child process of its own (warm_start.process), also
+the sum over the run's process tree sampled every 0.2 s; the load average is read before and after,
+since on a shared machine the wall time says little without it.
 """
 
 from __future__ import annotations
@@ -146,10 +146,13 @@ def run(run_dir: Path, overrides: list[str]) -> dict:
 
 def main(argv: list[str]) -> dict:
     parser = script_parser(__doc__)
-    parser.add_argument("--run-dir", help="scratch run directory (default: a new one under /tmp)")
+    parser.add_argument("--run-dir", help="run directory to keep (default: a scratch one under /tmp, removed after)")
     args = parser.parse_intermixed_args(argv)
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="orsd-default-"))
-    result = run(run_dir, args.overrides)
+    if args.run_dir:
+        result = run(Path(args.run_dir), args.overrides)
+    else:
+        with tempfile.TemporaryDirectory(prefix="orsd-default-") as scratch:
+            result = run(Path(scratch), args.overrides)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "default_run_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -80,3 +80,25 @@ def test_overrides_before_between_and_after_the_options(script):
     with pytest.raises(Reached) as reached:
         script.main(argv)
     assert reached.value.args[0][-1][-3:] == ["model.autocast=", "rubric.num_bundles=2", "env.max_turns=3"]
+
+
+def test_default_run_removes_its_scratch_directory_and_keeps_a_given_one(tmp_path, monkeypatch):
+    """The default job's run directory holds ~1.4 GB of checkpoints: a scratch one under /tmp goes
+    once run() has read its figures; one given with --run-dir stays."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    module = importlib.import_module("default_run")
+    seen = []
+
+    def run(run_dir, overrides):
+        (run_dir / "checkpoints").mkdir()
+        seen.append(run_dir)
+        return {"overrides": overrides}
+
+    monkeypatch.setattr(module, "run", run)
+    monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    assert module.main(["model.autocast="]) == {"overrides": ["model.autocast="]}
+    assert seen[0].name.startswith("orsd-default-") and not seen[0].exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    module.main(["--run-dir", str(kept)])
+    assert seen[1] == kept and (kept / "checkpoints").is_dir()
