@@ -13,27 +13,17 @@
 #error "compile lm_head_logprobs_rows.cpp with -DORSD_ISA=<name>"
 #endif
 
+#include "vec.h"
+
 namespace orsd::cpu::ORSD_ISA {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX2__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
-typedef float fvec __attribute__((vector_size(kLanes * 4)));
-typedef int32_t ivec __attribute__((vector_size(kLanes * 4)));
-typedef uint32_t uvec __attribute__((vector_size(kLanes * 4)));
 typedef uint16_t hvec __attribute__((vector_size(kLanes * 2)));
 
 constexpr float kLog2e = 1.4426950408889634f;
 // Exponents (natural log) below this are raised to it: e^-86 ~ 4e-38 is nothing next to the max
 // term (1), and a finite floor keeps p * log p at 0 instead of 0 * -inf = NaN for -inf logits.
 constexpr float kExponentFloor = -86.0f;
-
-inline fvec splat(float v) { return fvec{} + v; }
 
 inline fvec load(const float* p) {
   fvec v;
@@ -48,23 +38,10 @@ inline fvec load_part(const float* p, int64_t count, float fill) {
   return load(buffer);
 }
 
-// 2^u for u clamped to [-125, 64] (NaN stays NaN). n = round(u) via the 1.5 * 2^23 trick, whose
-// float bits also give 2^n; 2^f on [-1/2, 1/2] by the degree-6 minimax polynomial row_math.cpp
-// uses (relative error 2.6e-9 before f32 rounding).
+// 2^u for u clamped to [-125, 64] (NaN stays NaN).
 inline fvec exp2v(fvec u) {
   u = u < splat(-125.f) ? splat(-125.f) : u;
-  u = u > splat(64.f) ? splat(64.f) : u;
-  const fvec shifted = u + 0x1.8p23f;
-  const fvec f = u - (shifted - 0x1.8p23f);
-  fvec p = splat(0x1.41d318p-13f);
-  p = p * f + 0x1.5f4568p-10f;
-  p = p * f + 0x1.3b2dbcp-7f;
-  p = p * f + 0x1.c6aed4p-5f;
-  p = p * f + 0x1.ebfbdap-3f;
-  p = p * f + 0x1.62e430p-1f;
-  p = p * f + 1.0f;
-  const uvec scale = (__builtin_bit_cast(uvec, shifted) << 23) + (127u << 23);
-  return p * __builtin_bit_cast(fvec, scale);
+  return exp2_from(u > splat(64.f) ? splat(64.f) : u);
 }
 
 inline fvec expv(fvec x) { return exp2v(x * kLog2e); }

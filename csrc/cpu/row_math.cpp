@@ -13,27 +13,15 @@
 #error "compile row_math.cpp with -DORSD_ISA=<name>"
 #endif
 
+#include "vec.h"
+
 namespace orsd::cpu::ORSD_ISA {
 namespace {
-
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX2__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
-typedef float fvec __attribute__((vector_size(kLanes * 4)));
-typedef int32_t ivec __attribute__((vector_size(kLanes * 4)));
-typedef uint32_t uvec __attribute__((vector_size(kLanes * 4)));
 
 constexpr int kUnroll = 4;
 constexpr int64_t kStep = kUnroll * kLanes;  // f32 elements per main-loop iteration
 // Elements per f32 partial sum before it is folded into the f64 row total.
 constexpr int64_t kBlock = 4096;
-
-inline fvec splat(float v) { return fvec{} + v; }
-inline fvec as_float(uvec v) { return __builtin_bit_cast(fvec, v); }
 
 // Exact f16 -> f32 of the 16-bit values held in the low halves of `h` (normals, subnormals,
 // inf, NaN) with integer ops only: exponent+mantissa moved into f32 position and rescaled by
@@ -97,23 +85,8 @@ inline auto hsum_lanes(V v) {
 }
 
 // 2^u for u <= 0, u never NaN (callers exclude NaN rows). u is clamped at -125, so exp(-inf) is
-// 2^-125 (< 3e-38), negligible next to the max term (1). n = round(u) via the 1.5 * 2^23 trick,
-// whose float bits also give 2^n; the polynomial is a Lawson minimax fit of 2^f on [-0.5, 0.5]
-// (relative error 2.6e-9 before f32 rounding, ~1.5 ulp after).
-inline fvec exp2_nonpositive(fvec u) {
-  u = u > splat(-125.f) ? u : splat(-125.f);
-  const fvec shifted = u + 0x1.8p23f;
-  const fvec f = u - (shifted - 0x1.8p23f);
-  fvec p = splat(0x1.41d318p-13f);
-  p = p * f + 0x1.5f4568p-10f;
-  p = p * f + 0x1.3b2dbcp-7f;
-  p = p * f + 0x1.c6aed4p-5f;
-  p = p * f + 0x1.ebfbdap-3f;
-  p = p * f + 0x1.62e430p-1f;
-  p = p * f + 1.0f;
-  const uvec scale = (__builtin_bit_cast(uvec, shifted) << 23) + (127u << 23);
-  return p * as_float(scale);
-}
+// 2^-125 (< 3e-38), negligible next to the max term (1).
+inline fvec exp2_nonpositive(fvec u) { return exp2_from(u > splat(-125.f) ? u : splat(-125.f)); }
 
 template <class Tag>
 float row_max_impl(const typename Tag::Raw* x, int64_t n) {
