@@ -317,6 +317,19 @@ def native_bf16(flags: set[str] | None = None) -> list[str]:
     return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
 
 
+def onednn_isa_cap() -> str | None:
+    """The instruction-set cap set for oneDNN (`ONEDNN_MAX_CPU_ISA`, or its older name
+    `DNNL_MAX_CPU_ISA`), which runs autocast's CPU matmuls, or None. Capped below the bf16 sets on a
+    CPU that has them, oneDNN emulates bf16 like an AVX2 CPU does (an AMX Xeon with
+    ONEDNN_MAX_CPU_ISA=AVX2, 2026-12-06: one 512x576 @ 576x1536 matmul 557 ms in bf16 against 6 ms
+    in fp32)."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return f"{name}={value}"
+    return None
+
+
 def probe_bf16_speedup(hidden_size: int, intermediate_size: int, rows: int = 256,
                        budget_seconds: float = 1.0) -> float:
     """fp32 time / bf16-autocast time of one [rows, hidden] @ [hidden, intermediate] matmul (the
@@ -357,7 +370,8 @@ def choose_autocast(requested: str, device: torch.device | str, weights_dtype: t
                     probe: Callable[[], float] | None = None) -> Precision:
     """Resolve model.autocast. Anything but 'auto' is kept as set. 'auto': off for weights that are
     not fp32 (autocast would only add casts); on CUDA, bf16 where the device supports it; on a CPU,
-    bf16 where it runs bf16 natively (AMX / AVX-512-BF16 in `flags`), else bf16 only when `probe`
+    bf16 where it runs bf16 natively (AMX / AVX-512-BF16 in `flags`, oneDNN not capped by
+    `onednn_isa_cap`), else bf16 only when `probe`
     (default: `probe_bf16_speedup` on the model's shape) measures it at least PROBE_MARGIN times
     faster than fp32; otherwise fp32."""
     device = torch.device(device)
@@ -376,15 +390,17 @@ def choose_autocast(requested: str, device: torch.device | str, weights_dtype: t
         return Precision(requested, "", f"{torch.cuda.get_device_name(device)} has no bf16 support")
     if device.type != "cpu":
         return Precision(requested, "", f"no bf16 rule for device {device.type!r}: fp32")
-    native = native_bf16(flags)
-    if native:
+    native, cap = native_bf16(flags), onednn_isa_cap()
+    if native and cap is None:
         return Precision(requested, "bfloat16", f"the CPU runs bf16 natively ({', '.join(native)})")
+    # without the flags, or with them but oneDNN capped (it may then emulate bf16): measure
     speedup = (probe or (lambda: probe_bf16_speedup(hidden_size, intermediate_size)))()
     measured = (f"a {hidden_size}x{intermediate_size} matmul probe ran bf16 at {speedup:.2f}x the speed "
                 f"of fp32")
+    found = f"the CPU has {', '.join(native)} but {cap} is set" if native else "no AMX/AVX-512-BF16"
     if speedup >= PROBE_MARGIN:
-        return Precision(requested, "bfloat16", f"no AMX/AVX-512-BF16, but {measured}", speedup)
-    return Precision(requested, "", f"no AMX/AVX-512-BF16 and {measured}: fp32", speedup)
+        return Precision(requested, "bfloat16", f"{found}, and {measured}", speedup)
+    return Precision(requested, "", f"{found}, and {measured}: fp32", speedup)
 
 
 _RESOLVED: dict[tuple, Precision] = {}

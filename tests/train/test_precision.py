@@ -20,12 +20,46 @@ def never_probe():
     raise AssertionError("the probe must not run when the flags or the config already decide")
 
 
+@pytest.fixture
+def uncapped(monkeypatch):
+    """No oneDNN instruction-set cap in the environment (the shell running the tests may set one)."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    return monkeypatch
+
+
 @pytest.mark.parametrize("flags", [{"avx512f", "avx512_bf16"}, {"avx2", "amx_tile", "amx_bf16"}])
-def test_cpu_with_native_bf16_gets_bf16_without_a_probe(flags):
+def test_cpu_with_native_bf16_gets_bf16_without_a_probe(uncapped, flags):
     choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags=flags, probe=never_probe)
     assert choice.autocast == "bfloat16"
     assert "natively" in choice.reason and any(flag in choice.reason for flag in flags)
     assert choice.probe_speedup is None
+
+
+@pytest.mark.parametrize("name", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])
+@pytest.mark.parametrize("speedup, expected", [(0.01, ""), (2.0, "bfloat16")])
+def test_native_flags_with_onednn_capped_are_measured_not_trusted(uncapped, name, speedup, expected):
+    """Capped, oneDNN may emulate bf16 on a CPU that has it: the flags no longer decide, the probe does."""
+    uncapped.setenv(name, "AVX2")
+    choice = choose_autocast("auto", "cpu", torch.float32, **SHAPE, flags={"avx512_bf16", "amx_bf16"},
+                             probe=lambda: speedup)
+    assert choice.autocast == expected and choice.probe_speedup == speedup
+    assert f"{name}=AVX2" in choice.reason and "amx_bf16" in choice.reason and f"{speedup:.2f}x" in choice.reason
+
+
+def test_onednn_capped_to_avx2_gets_fp32_from_the_real_probe():
+    """A fresh process (oneDNN reads the cap once) with the cap at AVX2: bf16 is emulated on every
+    x86 CPU then, with or without the bf16 flags, and `auto` must measure that and keep fp32."""
+    code = ("import torch; from orsd.train.model import choose_autocast\n"
+            "choice = choose_autocast('auto', 'cpu', torch.float32, hidden_size=576, intermediate_size=1536)\n"
+            "print(repr(choice.autocast), choice.probe_speedup, choice.reason)\n")
+    env = {k: v for k, v in os.environ.items() if k != "DNNL_MAX_CPU_ISA"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**env, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert done.returncode == 0, done.stderr
+    autocast_value, speedup, reason = done.stdout.split(" ", 2)
+    assert autocast_value == "''", done.stdout
+    assert float(speedup) < 1.0 and "probe" in reason
 
 
 def test_cpu_without_native_bf16_where_the_probe_finds_it_slower_gets_fp32():

@@ -35,7 +35,8 @@ class ModelConfig:
     attn_implementation: str = doc("sdpa", "transformers attention backend",
                                    choices=("sdpa", "eager", "flash_attention_2"))
     autocast: str = doc("", "mixed precision for every forward/backward: '' (off) | bfloat16 | float16 | auto "
-                        "(bfloat16 on a GPU that supports it or a CPU that runs it natively, AMX/AVX-512-BF16, "
+                        "(bfloat16 on a GPU that supports it or a CPU that runs it natively, AMX/AVX-512-BF16 with "
+                        "oneDNN not capped below them by ONEDNN_MAX_CPU_ISA, "
                         "or where a one-second probe measures it faster; else off; the choice is logged and "
                         "kept in environment.json); weights and optimizer stay in model.dtype",
                         choices=("", "bfloat16", "float16", "auto"))
