@@ -85,7 +85,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     # every autocast(policy, m.autocast) uses this choice (the child's, when it fitted the policy)
     precision = resolve_autocast(policy, m.autocast, decided)
     log(f"precision: model.autocast={m.autocast or 'off'} -> {precision.autocast or 'fp32'} ({precision.reason}); "
-        f"{threads} CPU threads")
+        f"{threads.count} CPU threads ({threads.reason})")
     env = make_env(config)
     if m.gradient_checkpointing:  # before the warm start, whose micro-batches it shrinks as the update's
         policy.gradient_checkpointing_enable()
@@ -113,7 +113,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
     trainer.environment["overlap"] = trainer.overlaps()  # replay.overlap where it serves (train/overlap.py)
     if trainer.overlaps():
         log("overlap: the policy writes bundles beside the plain pass (replay.overlap)")
-    trainer.environment["precision"] = {**precision.as_dict(), "threads": threads}
+    trainer.environment["precision"] = {**precision.as_dict(), "threads": threads.count,
+                                        "threads_reason": threads.reason}
     trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                                                  "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     return trainer, warm_losses

@@ -256,15 +256,35 @@ def autocast_dtype(model, dtype_name: str) -> torch.dtype | None:
 ONEDNN_CACHE_CAPACITY = 64
 
 
-def configure_threads(threads: int) -> int:
-    """model.threads > 0: that many intra-op threads; 0: torch's own default (OMP_NUM_THREADS when
-    set, else one per core). Called once at start; returns the count in use. Also bounds oneDNN's
-    primitive cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY, unless set): oneDNN reads it when it first
-    builds a primitive, so it holds for a process whose first bf16 matmul comes after this."""
+@dataclass(frozen=True)
+class Threads:
+    """torch's intra-op thread count as configured at start, and why (logged, environment.json)."""
+
+    count: int
+    reason: str
+
+
+def configure_threads(threads: int) -> Threads:
+    """model.threads > 0: that many intra-op threads; 0: OMP_NUM_THREADS where it is set, else one
+    per core (torch's default) but no more than a cgroup CPU quota allows (cpu_quota.py: torch
+    counts the cores a quota does not hide). Called once at start. Also bounds oneDNN's primitive
+    cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY, unless set): oneDNN reads it when it first builds a
+    primitive, so it holds for a process whose first bf16 matmul comes after this."""
+    from .cpu_quota import cpu_quota, threads_for
+
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     if threads:
         torch.set_num_threads(threads)
-    return torch.get_num_threads()
+        return Threads(torch.get_num_threads(), "model.threads")
+    if os.environ.get("OMP_NUM_THREADS", "").strip():
+        return Threads(torch.get_num_threads(), "OMP_NUM_THREADS")
+    seen, quota = torch.get_num_threads(), cpu_quota()
+    if quota is not None and threads_for(quota) < seen:
+        torch.set_num_threads(threads_for(quota))
+        return Threads(torch.get_num_threads(),
+                       f"the cgroup's CPU quota of {quota.cpus:g} CPU{'s' * (quota.cpus != 1)} ({quota.source}), "
+                       f"where torch saw {seen} cores")
+    return Threads(seen, "one per core, torch's default")
 
 
 # -- model.autocast=auto ----------------------------------------------------------------------------

@@ -138,8 +138,8 @@ def test_auto_is_resolved_once_per_model_shape(monkeypatch, tiny_model):
 def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
     # in a fresh process: torch's thread count is process state that other tests in the suite change
     code = ("import torch; from orsd.train.model import configure_threads\n"
-            "assert configure_threads(1) == 1 == torch.get_num_threads()\n"
-            "assert configure_threads(0) == 1  # 0 leaves whatever is set\n")
+            "assert configure_threads(1).count == 1 == torch.get_num_threads()\n"
+            "assert configure_threads(0).count == 1  # 0 leaves whatever is set (no quota lowers 1)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 
@@ -198,7 +198,8 @@ print(json.dumps({"lines": lines, "threads": torch.get_num_threads()}))
     assert len(said) == 1 and "-> fp32" in said[0] and "0.25x" in said[0] and "1 CPU threads" in said[0]
     recorded = json.loads((tmp_path / "run" / "environment.json").read_text())
     assert recorded["precision"] == {"requested": "auto", "autocast": "", "probe_speedup": 0.25,
-                                     "reason": recorded["precision"]["reason"], "threads": 1}
+                                     "reason": recorded["precision"]["reason"], "threads": 1,
+                                     "threads_reason": "model.threads"}
     assert "0.25x" in recorded["precision"]["reason"]
     assert result["threads"] == recorded["torch_threads"] == 1
 

@@ -40,8 +40,9 @@ class ModelConfig:
                         "or where a one-second probe measures it faster; else off; the choice is logged and "
                         "kept in environment.json); weights and optimizer stay in model.dtype",
                         choices=("", "bfloat16", "float16", "auto"))
-    threads: int = doc(0, "CPU threads of torch's ops, set once at start (0 = torch's default: OMP_NUM_THREADS "
-                       "when set, else one per core)", ge=0)
+    threads: int = doc(0, "CPU threads of torch's ops, set once at start (0 = OMP_NUM_THREADS when set, else "
+                       "one per core as torch does, but no more than a cgroup CPU quota allows; the choice is "
+                       "logged and kept in environment.json)", ge=0)
     ops_self_check: str = doc("error", "before training, every native op runs on small awkward inputs on the "
                               "run's device against the torch reference: on a mismatch 'error' stops the run, "
                               "'fallback' uses the reference ops for the run (loudly), 'off' skips the check",
