@@ -34,7 +34,7 @@ def child(steps: int, batch_size: int, follow_quota: bool) -> dict:
     import torch
 
     from bench_warm_start_shared_cpu import measure
-    from orsd.train.model import configure_threads
+    from orsd.train.precision import configure_threads
 
     seen = torch.get_num_threads()
     reason = configure_threads(0).reason if follow_quota else "torch's default"

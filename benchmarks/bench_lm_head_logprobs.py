@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import _C
 from orsd.ops import lm_head_logprobs
-from orsd.train.model import native_bf16
+from orsd.train.precision import native_bf16
 
 lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module (the package exports the function)
 try:

@@ -41,7 +41,8 @@ def measure(steps: int, batch_size: int, spin: bool) -> dict:
     from orsd.envs.prompts import prompt_templates
     from orsd.train.build import make_env
     from orsd.train.config import load_config
-    from orsd.train.model import load_policy, load_tokenizer, resolve_autocast
+    from orsd.train.model import load_policy, load_tokenizer
+    from orsd.train.precision import resolve_autocast
     from orsd.train.warmstart import collect_demos, warm_start
 
     config = load_config()  # the embedded default

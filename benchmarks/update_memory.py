@@ -59,7 +59,8 @@ def measure(what: str, tokens: int, response: int, device_name: str, layers: int
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from orsd.train.model import autocast_dtype, resolve_autocast
+    from orsd.train.model import autocast_dtype
+    from orsd.train.precision import resolve_autocast
     from orsd.train.replay import _hidden_rows, train_logprobs
 
     device = torch.device(device_name)

@@ -23,7 +23,8 @@ def build_verifier(config, frozen_model, tokenizer):
             v.base_url, v.model, api_key_env=v.api_key_env or None, concurrency=v.concurrency,
             max_retries=v.max_retries, timeout=v.timeout_seconds, cache_dir=v.cache_dir or None,
             mode=v.granularity, scoring=v.scoring, max_tokens=v.max_new_tokens, seed=config.train.seed)
-    from orsd.train.model import DTYPES, resolve_autocast
+    from orsd.train.model import DTYPES
+    from orsd.train.precision import resolve_autocast
 
     precision = resolve_autocast(frozen_model, config.model.autocast).autocast  # the run's, as every forward
     return rubric.LocalVerifier(frozen_model, tokenizer, mode=v.granularity, scoring=v.scoring,
@@ -55,8 +56,9 @@ def build(config, run_dir=None, resume_from=None, log=print):
     import torch
 
     from orsd.train import distributed
-    from orsd.train.model import (configure_threads, frozen_copy, load_policy, load_tokenizer, release_memory,
-                                  resolve_autocast, resolve_device, share_frozen)
+    from orsd.train.model import (frozen_copy, load_policy, load_tokenizer, release_memory, resolve_device,
+                                  share_frozen)
+    from orsd.train.precision import configure_threads, resolve_autocast
     from orsd.train.trainer import Trainer
     from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child
 

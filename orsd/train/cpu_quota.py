@@ -5,7 +5,7 @@ Torch starts one OpenMP thread per core it can see, and a quota hides no core: a
 to 2 CPUs on a 64-core host runs 64 threads that the kernel throttles to 2 cores' worth of time per
 period, each parallel region then waiting for the throttled threads at its barrier. Affinity
 (`taskset`, cpusets) is different: OpenMP already keeps to it. `model.threads: 0` follows the quota
-where OMP_NUM_THREADS is not set (model.configure_threads).
+where OMP_NUM_THREADS is not set (precision.configure_threads).
 
 The limit is the smallest quota / period on the way from this process's cgroup up to the root of
 the hierarchy it can see (a parent's limit binds its children), as the kernel applies it.

@@ -322,7 +322,8 @@ def _fit_in_child(config, out_dir: str, distrusted: dict, threads: int):
     from orsd import envs
     from orsd.ops import _backend
 
-    from .model import configure_threads, load_policy, load_tokenizer, resolve_autocast
+    from .model import load_policy, load_tokenizer
+    from .precision import configure_threads, resolve_autocast
 
     for kind, reason in distrusted.items():
         _backend.distrust(kind, reason)

@@ -79,7 +79,7 @@ def quota_prefix():
 
 def test_a_real_quota_lowers_torchs_threads_unless_the_user_chose(quota_prefix):
     group, prefix = quota_prefix
-    code = ("import json, torch; from orsd.train.model import configure_threads\n"
+    code = ("import json, torch; from orsd.train.precision import configure_threads\n"
             "seen = torch.get_num_threads(); chosen = configure_threads(0)\n"
             "print(json.dumps([seen, chosen.count, chosen.reason]))\n")
 

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from orsd.train import model as model_module
+from orsd.train import precision as precision_module
 from orsd.train.config import ConfigError, load_config
-from orsd.train.model import autocast, choose_autocast, probe_bf16_speedup
+from orsd.train.model import autocast
+from orsd.train.precision import choose_autocast, probe_bf16_speedup
 
 SHAPE = dict(hidden_size=576, intermediate_size=1536)  # SmolLM2-135M's MLP
 
@@ -50,7 +51,7 @@ def test_native_flags_with_onednn_capped_are_measured_not_trusted(uncapped, name
 def test_onednn_capped_to_avx2_gets_fp32_from_the_real_probe():
     """A fresh process (oneDNN reads the cap once) with the cap at AVX2: bf16 is emulated on every
     x86 CPU then, with or without the bf16 flags, and `auto` must measure that and keep fp32."""
-    code = ("import torch; from orsd.train.model import choose_autocast\n"
+    code = ("import torch; from orsd.train.precision import choose_autocast\n"
             "choice = choose_autocast('auto', 'cpu', torch.float32, hidden_size=576, intermediate_size=1536)\n"
             "print(repr(choice.autocast), choice.probe_speedup, choice.reason)\n")
     env = {k: v for k, v in os.environ.items() if k != "DNNL_MAX_CPU_ISA"}
@@ -121,23 +122,23 @@ def test_probe_stops_after_one_slow_bf16_call():
 
 
 def test_auto_is_resolved_once_per_model_shape(monkeypatch, tiny_model):
-    monkeypatch.setattr(model_module, "_RESOLVED", {})
+    monkeypatch.setattr(precision_module, "_RESOLVED", {})
     probes = []
-    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx2"})
-    monkeypatch.setattr(model_module, "probe_bf16_speedup", lambda *a, **k: probes.append(a) or 0.5)
+    monkeypatch.setattr(precision_module, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(precision_module, "probe_bf16_speedup", lambda *a, **k: probes.append(a) or 0.5)
     for _ in range(3):
         with autocast(tiny_model, "auto"):
             assert not torch.is_autocast_enabled("cpu")  # the probe said fp32
     assert len(probes) == 1
-    monkeypatch.setattr(model_module, "cpu_flags", lambda: {"avx512_bf16"})
-    monkeypatch.setattr(model_module, "_RESOLVED", {})
+    monkeypatch.setattr(precision_module, "cpu_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(precision_module, "_RESOLVED", {})
     with autocast(tiny_model, "auto"):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
     # in a fresh process: torch's thread count is process state that other tests in the suite change
-    code = ("import torch; from orsd.train.model import configure_threads\n"
+    code = ("import torch; from orsd.train.precision import configure_threads\n"
             "assert configure_threads(1).count == 1 == torch.get_num_threads()\n"
             "assert configure_threads(0).count == 1  # 0 leaves whatever is set (no quota lowers 1)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -146,7 +147,7 @@ def test_threads_key_sets_torchs_threads_and_zero_keeps_the_default():
 
 def test_threads_setup_bounds_onednns_primitive_cache_unless_the_user_set_it():
     # fresh processes: the variable is read once per process, and the test must not leave it set
-    code = ("import os; from orsd.train.model import ONEDNN_CACHE_CAPACITY, configure_threads\n"
+    code = ("import os; from orsd.train.precision import ONEDNN_CACHE_CAPACITY, configure_threads\n"
             "configure_threads(0)\n"
             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], ONEDNN_CACHE_CAPACITY)\n")
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
@@ -176,11 +177,11 @@ def test_the_run_says_what_it_chose_and_records_it(tiny_smol_dir, tmp_path):
     code = """
 import json, sys
 from pathlib import Path
-from orsd.train import model as model_module
+from orsd.train import precision as precision_module
 from orsd.train.cli import run
 from orsd.train.config import load_config
-model_module.cpu_flags = lambda: {"avx2"}
-model_module.probe_bf16_speedup = lambda *a, **k: 0.25
+precision_module.cpu_flags = lambda: {"avx2"}
+precision_module.probe_bf16_speedup = lambda *a, **k: 0.25
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 lines = []
 config = load_config(None, [f"model.path={model_dir}", "model.device=cpu", "model.autocast=auto",
