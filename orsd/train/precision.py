@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cpu_quota import cpu_quota, threads_for
+
 #: oneDNN primitives kept for reuse (its default: 1,024). One forward and backward of the model asks
 #: for a few dozen distinct shapes; every other call has new sequence lengths, so a larger cache
 #: only holds memory: on the default run 1,024 kept ~270 MB more resident by step 2 (in-use heap
@@ -32,8 +34,6 @@ def configure_threads(threads: int) -> Threads:
     counts the cores a quota does not hide). Called once at start. Also bounds oneDNN's primitive
     cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY, unless set): oneDNN reads it when it first builds a
     primitive, so it holds for a process whose first bf16 matmul comes after this."""
-    from .cpu_quota import cpu_quota, threads_for
-
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     if threads:
         torch.set_num_threads(threads)
