@@ -33,7 +33,7 @@ def cpu_quota(proc: Path | str = "/proc/self") -> Quota | None:
     except OSError:
         return None
     limits = []
-    for mount_root, mount_point, version in _cpu_mounts(mounts):
+    for mount_root, mount_point, version in cpu_mounts(mounts):
         path = _group_path(groups, version)
         if path is None:
             continue
@@ -46,7 +46,7 @@ def threads_for(quota: Quota) -> int:
     return max(1, math.floor(quota.cpus))
 
 
-def _cpu_mounts(mountinfo: list[str]):
+def cpu_mounts(mountinfo: list[str]):
     """(root in the hierarchy, mount point, 1 or 2) of the cgroup mounts with the cpu controller.
     A mountinfo line: `id parent major:minor root mount-point options [optional...] - type source super-options`."""
     for line in mountinfo:

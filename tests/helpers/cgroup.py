@@ -9,22 +9,18 @@ import os
 import uuid
 from pathlib import Path
 
+from orsd.train.cpu_quota import cpu_mounts
+
 
 def writable_cpu_cgroup() -> Path | None:
     """The mount point of a writable cgroup hierarchy with the cpu controller, or None."""
     if os.geteuid() != 0:
         return None
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        point = Path(fields[4])
+    for _, mount_point, version in cpu_mounts(Path("/proc/self/mountinfo").read_text().splitlines()):
+        point = Path(mount_point)
         if not os.access(point, os.W_OK):
             continue
-        if tail[0] == "cgroup" and "cpu" in tail[2].split(","):
-            return point
-        if tail[0] == "cgroup2" and "cpu" in (point / "cgroup.subtree_control").read_text().split():
+        if version == 1 or "cpu" in (point / "cgroup.subtree_control").read_text().split():
             return point
     return None
 
