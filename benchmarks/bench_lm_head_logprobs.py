@@ -13,7 +13,7 @@ backward into hidden and the head; the entropy is a metric, as in orsd.train.rep
                  gradient filter (filter_eps="high": skips tiles of tiny probabilities) and
                  without it (exact); it computes no entropy.
 
-V = 151,936 (Qwen3's vocabulary), bf16 (fp32 on a CPU without native bf16: `bench_dtype`). Every
+V = 151,936 (Qwen3's vocabulary), bf16 (fp32 where model.autocast=auto would keep fp32: `bench_dtype`). Every
 device also runs the quick case T = 512, H = 256 (the only one under --orsd-quick). GPU: H = 2,048
 and T in {2,048, 16,384, 32,768}. CPU (2 cores): T in the same set, with H cut so that each case
 is the same 5.1 TFLOP as T = 2,048 at H = 2,048 (H = 256 at T = 16,384, H = 128 at T = 32,768):
@@ -29,6 +29,7 @@ row (run last in its case) records its time and memory relative to the two torch
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
@@ -38,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import _C
 from orsd.ops import lm_head_logprobs
-from orsd.train.precision import native_bf16
+from orsd.train.precision import choose_autocast
 
 lm_head = importlib.import_module("orsd.ops.lm_head_logprobs")  # the module (the package exports the function)
 try:
@@ -108,13 +109,15 @@ _inputs: dict = {}
 _anchors: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
 def bench_dtype(device) -> torch.dtype:
-    """bf16 on CUDA and on a CPU that runs it natively (AMX / AVX-512-BF16); fp32 on any other CPU,
-    as a run there computes (model.autocast=auto keeps fp32): emulated bf16 matmuls made the quick
-    case alone take over 10 minutes on the AVX2-only EPYC of 2026-12-04."""
-    if device.type != "cpu" or native_bf16():
-        return torch.bfloat16
-    return torch.float32
+    """The dtype a run on `device` computes in: bf16 where model.autocast=auto chooses it (CUDA with
+    bf16; a CPU that runs it natively with oneDNN uncapped, or where the probe measures it faster),
+    fp32 elsewhere. Emulated bf16 matmuls made the quick case alone take over 10 minutes on the
+    AVX2-only EPYC of 2026-12-04; a Xeon with AMX but ONEDNN_MAX_CPU_ISA=AVX2 emulates them too.
+    The probe runs at SmolLM2-135M's MLP shape, as the default run's does."""
+    chosen = choose_autocast("auto", device, torch.float32, hidden_size=576, intermediate_size=1536)
+    return torch.bfloat16 if chosen.autocast == "bfloat16" else torch.float32
 
 
 def inputs(T, H, dtype, device):
