@@ -20,8 +20,9 @@ import torch
 
 from orsd.methods.distill import Distillation, topk_support
 
+from .head import final_logits
 from .records import TurnRecord
-from .replay import Packed, final_logits, replay_logprobs, response_hidden, splice_privileged
+from .replay import Packed, replay_logprobs, response_hidden, splice_privileged
 
 #: tokens per checkpointed chunk of the update when the divergence needs whole distributions
 #: (the student's and the teacher's logits, the mixture and their products are alive together)

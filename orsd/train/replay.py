@@ -15,9 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from orsd import ops
 from orsd.engines import frozen, prefill
-from orsd.engines.decode import lm_head_of
 
-from .distributed import gathered
+from .head import chunk_logprobs, fused_head, fused_head_serves, head_logprobs
 from .model import autocast, autocast_dtype, trim_heap
 from .records import TurnRecord
 
@@ -232,34 +231,10 @@ def _shared_response_hidden(model, ids: torch.Tensor, cu: torch.Tensor, mask: to
     return [(torch.cat([positions[s] for s in active]), hidden)]
 
 
-def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, fused: bool) -> torch.Tensor:
-    """log-probs [n] (f32, CPU) of `targets` from final hidden states [n, H]: through
-    fused_token_logprobs when the head allows it, else the model's logits and token_logprobs."""
-    targets = targets.to(hidden.device)
-    head = lm_head_of(model) if fused else None
-    if head is not None:
-        with gathered(head.weight):
-            weight = head.weight.detach()
-            lp = ops.fused_token_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(),
-                                          targets, temperature=temperature)
-    else:
-        logits = final_logits(model, model.get_output_embeddings()(hidden))
-        lp = ops.token_logprobs(logits.contiguous(), targets, temperature=temperature)
-    return lp.float().cpu()
-
-
 def dummy_forward(model):
     """A one-token forward whose output is used only to keep ranks in lockstep (see distributed)."""
     device = next(model.parameters()).device
     return model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device)).last_hidden_state
-
-
-def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(model.config, "logit_scale", None)
-    return logits * scale if scale else logits
 
 
 def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int], positions: list[torch.Tensor],
@@ -297,41 +272,17 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
         targets = ids[torch.cat(positions)].to(hidden.device)
         head = model.get_output_embeddings()
         if lm_head == "fused" and fn is None and fused_head_serves(head):
-            lp, entropy = _fused_head(model, head, hidden, targets, temperature, autocast_dtype(model, precision))
+            lp, entropy = fused_head(model, head, hidden, targets, temperature, autocast_dtype(model, precision))
             return lp, entropy.detach(), None
         lps, entropies, terms = [], [], []
         for start in range(0, len(targets), chunk_tokens):
             rows = slice(start, start + chunk_tokens)
-            lp, entropy, term = checkpoint(_chunk_logprobs, model, head, hidden[rows], targets[rows], temperature, fn,
+            lp, entropy, term = checkpoint(chunk_logprobs, model, head, hidden[rows], targets[rows], temperature, fn,
                                            *[x[rows].to(hidden.device) for x in extra], use_reentrant=False)
             lps.append(lp)
             entropies.append(entropy.detach())
             terms.append(term)
     return torch.cat(lps), torch.cat(entropies), (torch.cat(terms) if fn is not None else None)
-
-
-def fused_head_serves(head) -> bool:
-    """Whether ops.lm_head_logprobs can stand in for `head` + log-softmax: a bias-free Linear whose
-    weight is a whole tensor (a ZeRO-3-partitioned one is gathered only by the module's own hooks)."""
-    return isinstance(head, torch.nn.Linear) and head.bias is None and not hasattr(head.weight, "ds_id")
-
-
-def _fused_head(model, head, hidden, targets, temperature, dtype):
-    """(lp, entropy) through the native op, with the model's soft-capping and logit scale."""
-    weight = head.weight if dtype is None else head.weight.to(dtype)
-    return ops.lm_head_logprobs(hidden.to(weight.dtype).contiguous(), weight.contiguous(), targets,
-                                temperature=temperature,
-                                softcap=float(getattr(model.config, "final_logit_softcapping", None) or 0.0),
-                                logit_scale=float(getattr(model.config, "logit_scale", None) or 1.0),
-                                return_entropy=True)
-
-
-def _chunk_logprobs(model, head, hidden, targets, temperature, fn=None, *extra):
-    logits = final_logits(model, head(hidden)).float() / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    term = fn(logp, *extra) if fn is not None else None
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy, term
 
 
 @dataclass
