@@ -5,7 +5,9 @@ Two ways, one result. The native ops (`fused_token_logprobs` for replay, without
 tokens × vocab tensor. The torch path (`chunk_logprobs`, run in checkpointed token chunks by
 `replay.train_logprobs`) is the reference and serves where the native op cannot: a head with a
 bias, a ZeRO-3-partitioned head, a distillation term that needs the whole distribution.
-Soft-capping and the logit scale are applied in the same order on every path (`final_logits`).
+Soft-capping and the logit scale are applied in one order (`final_logits`; `lm_head_logprobs`
+takes the same two numbers); `fused_token_logprobs` has neither, so replay uses it only for a
+head without them (`engines.decode.lm_head_of`).
 """
 
 from __future__ import annotations
