@@ -38,7 +38,7 @@ def lm_head_logprobs(
 ):
     """lp[t] = log_softmax(y[t])[targets[t]] with y = logit_scale * cap(hidden @ weight.T) / temperature,
     cap(z) = softcap * tanh(z / softcap) when softcap > 0 (HF's final_logit_softcapping, then
-    logit_scale, as orsd.train.replay._final_logits), differentiable w.r.t. hidden and weight.
+    logit_scale, as orsd.train.head.final_logits), differentiable w.r.t. hidden and weight.
 
     hidden [T, H] and weight [V, H] (the LM head) share one dtype of f32/f16/bf16; targets [T]
     int64 in [0, V). The logits are f32 from the given values. Returns lp [T] f32, or (lp, entropy)
