@@ -73,6 +73,15 @@ class Env(abc.ABC):
             raise ValueError(f"split={split or self.split!r} of env {self.name!r} has no tasks")
         return pool[rng.randrange(len(pool))]
 
+    def task_pool(self, size: int, split: str | None = None) -> list[Task]:
+        """A fixed pool of `size` tasks of `split` (default: the env's own split): a draw seeded by
+        the size alone, so runs of any seed and method that name the same size share the pool; the
+        whole split when `size` is 0 or at least its length."""
+        tasks = self.tasks(split or self.split)
+        if not size or size >= len(tasks):
+            return list(tasks)
+        return random.Random(f"train_tasks:{size}").sample(tasks, size)
+
     # -- episode ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def reset(self, task: Task) -> str:
