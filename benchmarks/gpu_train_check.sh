@@ -11,10 +11,13 @@
 #    warm, gpu_check.sh in a second call (both together pass the 10-minute limit of one command):
 #        run(command="bash benchmarks/gpu_train_check.sh 2>&1 | tee $OUT/train_check.log",
 #            carry=["build/gpu_carry"], timeout_s=540)
-#        run(command="ORSD_GPU_RESULTS=$OUT PYTHONPATH=$PWD:/tmp/orsd_site bash benchmarks/gpu_check.sh",
-#            timeout_s=480)
-#    Results: $OUT/train_check.json, $OUT/train_check.md (ORSD_GPU_RESULTS or benchmarks/results/gpu
-#    otherwise); copy them into benchmarks/results/gpu/ and commit.
+#        run(command="mkdir -p /tmp/gc; ORSD_GPU_RESULTS=/tmp/gc PYTHON=python3 PYTHONPATH=$PWD:/tmp/orsd_site
+#            bash benchmarks/gpu_check.sh; cp benchmarks/results/update_memory_cuda.* /tmp/gc/;
+#            tar czf $OUT/gpu_check.tgz -C /tmp/gc .", timeout_s=480)
+#    (one line each; a call returns at most 8 files from $OUT, and gpu_check.sh writes ~20: hence
+#    the tarball.) Results: $OUT/train_check.{json,md,log} and train_check_build.log
+#    (ORSD_GPU_RESULTS or benchmarks/results/gpu otherwise); copy them into benchmarks/results/gpu/
+#    and commit.
 # 3. CI, on a CPU: bash benchmarks/gpu_train_check.sh --device cpu (a tiny random model, < 1 minute).
 # Exit status: 0 when every part ran; 1 when a part failed (train_check.json says which, with its
 # traceback); 2 when the machine lacks what the check needs.
