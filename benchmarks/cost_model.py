@@ -23,7 +23,7 @@ import argparse
 import json
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cost_model import (QWEN3_1P7B, RESULTS, SMOLLM2_135M, Device, Setting, forward, h200_measured,  # noqa: E402
-                        measure_cpu, pairs, roofline, stage_costs, update_cost)
+from cost_model import (QWEN3_1P7B, RESULTS, SMOLLM2_135M, Device, Setting, h200_measured, measure_cpu,  # noqa: E402
+                        roofline, stage_costs, update_cost)
 
 H, V = 2048, 151_936
 #: the embedded default's shape (orsd/train/default.yaml) as cost_model sees it. From the results:

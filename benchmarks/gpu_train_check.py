@@ -251,13 +251,21 @@ def run(args) -> dict:
                   "engine": config.rollout.engine},
         "overrides": overrides, "budget_seconds": args.budget_seconds, "orsd_ops_backend": orsd_ops.backend()})
     check.part("matmul_ceiling", lambda: matmul_rate(args.device))
-    start = time.perf_counter()
-    orsd, _ = build(config, None, None, log=lambda *_: None)
-    check.result["build_seconds"] = time.perf_counter() - start
-    # GRPO on the same policy, optimizer and engine: one copy of the weights and moments on the device
-    grpo = Trainer(grpo_config, orsd.policy, orsd.tokenizer, orsd.reference, None, orsd.env, engine=orsd.engine,
-                   optimizer=orsd.optimizer)
-    state: dict = {"trainers": {"grpo": grpo, "orsd": orsd}}
+    state: dict = {}
+
+    def build_trainers():
+        start = time.perf_counter()
+        orsd, _ = build(config, None, None, log=lambda *_: None)
+        # GRPO on the same policy, optimizer and engine: one copy of the weights and moments on the device
+        grpo = Trainer(grpo_config, orsd.policy, orsd.tokenizer, orsd.reference, None, orsd.env, engine=orsd.engine,
+                       optimizer=orsd.optimizer)
+        state["trainers"] = {"grpo": grpo, "orsd": orsd}
+        return {"seconds": time.perf_counter() - start, "parameters": sum(p.numel() for p in orsd.policy.parameters()),
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None}
+
+    if not check.part("build", build_trainers):
+        return check.result
+    orsd, grpo = state["trainers"]["orsd"], state["trainers"]["grpo"]
 
     def rollout():
         with autocast(orsd.policy, config.model.autocast):
@@ -376,7 +384,8 @@ def format_table(r: dict) -> str:
         ds = r["deepspeed_zero2"]
         lines.append(f"DeepSpeed {ds['deepspeed']} ZeRO-2, 1 rank ({ds['backend']}): " + "; ".join(
             f"{m} update {ds[m]['seconds']['update']:.3f} s ({ds[m].get('update_over_plain_torch', math.nan):.2f}x "
-            f"plain torch), peak {ds[m]['peak_gib'] or 0:.1f} GiB" for m in ("grpo", "orsd") if m in ds))
+            f"plain torch)" + (f", peak {ds[m]['peak_gib']:.1f} GiB" if ds[m]["peak_gib"] else "")
+            for m in ("grpo", "orsd") if m in ds))
     if "flops" in r:
         for m, f in r["flops"].items():
             lines.append(f"{m} counted: " + ", ".join(f"{k} {v / 1e9:,.1f} GFLOP" for k, v in f["flops"].items())

@@ -41,8 +41,9 @@ def test_cpu_mode_runs_every_part(cpu_run):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "train_check.json").read_text())
     assert result["errors"] == {} and result["parts_skipped"] == {}
-    assert result["parts_done"] == ["matmul_ceiling", "rollout", "step_1_grpo", "step_2_orsd", "step_3_orsd",
-                                    "step_4_grpo", "deepspeed_zero2", "flops"]
+    assert result["parts_done"] == ["matmul_ceiling", "build", "rollout", "step_1_grpo", "step_2_orsd",
+                                    "step_3_orsd", "step_4_grpo", "deepspeed_zero2", "flops"]
+    assert result["build"]["parameters"] > 0 and result["build"]["seconds"] > 0
     assert "orsd-shape-" in result["shape"]["model"]  # the --tokenizer copy of the shape file
     rollout = result["rollout"]
     assert rollout["seconds"] > 0 and rollout["response_tokens"] > 0 and rollout["records"] >= rollout["trajectories"] == 8
