@@ -160,25 +160,32 @@ def _number(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def markdown(checkpoints: list[Checkpoint], rows: list[Row], curves_name: str) -> str:
+def markdown_table(checkpoints: list[Checkpoint], rows: list[Row]) -> list[str]:
+    """The table's lines (a header row, then one row per model and method)."""
     groups = columns(checkpoints)
     titles = [f"{env} {t}" for env, ts in groups for t in ts]
+    lines = ["| model | method | n | " + " | ".join(titles) + " |", "|---|---|---|" + "---|" * len(titles)]
+    for row in rows:
+        values = [_number(row.cells.get(t)) for _, ts in groups for t in ts]
+        model, label = (text.replace("|", "\\|") for text in (row.model, row.label))  # a "|" would split the cell
+        lines.append(f"| {model} | {label} | {_seeds(row, checkpoints)} | " + " | ".join(values) + " |")
+    return lines
+
+
+def markdown(checkpoints: list[Checkpoint], rows: list[Row], curves_name: str) -> str:
     lines = ["# Method comparison", "",
              "Success (%) per ALFWorld task type and overall; WebShop score and success (%) — the layout of the "
              "paper's Table 1/2. Seeds (runs with the same method, env and model) are averaged; n = runs averaged per "
              "environment, in column order.", ""]
     lines += [f"- {line}" for line in describe(checkpoints)]
-    lines += ["", "| model | method | n | " + " | ".join(titles) + " |", "|---|---|---|" + "---|" * len(titles)]
-    for row in rows:
-        values = [_number(row.cells.get(t)) for _, ts in groups for t in ts]
-        model, label = (text.replace("|", "\\|") for text in (row.model, row.label))  # a "|" would split the cell
-        lines.append(f"| {model} | {label} | {_seeds(row, checkpoints)} | " + " | ".join(values) + " |")
+    lines += ["", *markdown_table(checkpoints, rows)]
     lines += ["", f"Training reward per step (steps.jsonl), EMA-smoothed, one curve per method: `{curves_name}`",
               "", "Runs: " + ", ".join(f"`{p}`" for row in rows for p in row.runs), ""]
     return "\n".join(lines)
 
 
-def html_page(checkpoints: list[Checkpoint], rows: list[Row], curves_png: bytes, notes: list[str]) -> str:
+def html_table(checkpoints: list[Checkpoint], rows: list[Row]) -> str:
+    """The table as one HTML <table> (environments as column groups)."""
     groups = columns(checkpoints)
     top = ('<tr><th class="text" rowspan="2">model</th><th class="text" rowspan="2">method</th>'
            '<th rowspan="2">n</th>' + "".join(f'<th colspan="{len(ts)}">{escape(env)}</th>' for env, ts in groups)
@@ -189,6 +196,10 @@ def html_page(checkpoints: list[Checkpoint], rows: list[Row], curves_png: bytes,
         f"<td>{_seeds(row, checkpoints)}</td>"
         + "".join(f"<td>{_number(row.cells.get(t))}</td>" for _, ts in groups for t in ts) + "</tr>"
         for row in rows)
+    return f"<table>{top}{second}{body}</table>"
+
+
+def html_page(checkpoints: list[Checkpoint], rows: list[Row], curves_png: bytes, notes: list[str]) -> str:
     items = "".join(f"<li>{escape(line)}</li>" for line in describe(checkpoints))
     note_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     image = base64.b64encode(curves_png).decode("ascii")
@@ -196,7 +207,7 @@ def html_page(checkpoints: list[Checkpoint], rows: list[Row], curves_png: bytes,
             f"<style>{CSS}</style></head>\n<body>\n<h1>Method comparison</h1>\n"
             "<p>Success (%) per ALFWorld task type and overall; WebShop score and success (%), in the layout of "
             "the paper's Table 1/2. Seeds are averaged; n = runs averaged per environment, in column order.</p>"
-            f"<ul>{items}</ul><table>{top}{second}{body}</table>\n"
+            f"<ul>{items}</ul>{html_table(checkpoints, rows)}\n"
             "<h2>Training reward</h2><p>Per step from steps.jsonl; thin line the mean over seeds, thick its EMA "
             "(the paper's Figure 3).</p>"
             f'{note_html}<img class="curves" alt="training curves" src="data:image/png;base64,{image}">\n'

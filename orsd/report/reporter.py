@@ -21,13 +21,13 @@ import numpy as np
 import yaml
 
 from . import html as report_html
+from .plotting import curve_styles, dodge, draw_curve, fit_limits
 
 #: rows of curves.png: (steps.jsonl key, y-axis label); the first is the paper's Figure 3
 CURVE_METRICS = (("reward_mean", "training reward"), ("success_rate", "success rate"),
                  ("groups_with_bundle", "groups with a bundle"))
-#: fixed colours so that ORSD and GRPO look the same in every report
-LABEL_COLOURS = {"ORSD": "#c0392b", "GRPO": "#5d6d7e"}
-OTHER_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22")
+#: rows of curves.png drawn on 0..1 (rates and fractions)
+UNIT_INTERVAL = ("success_rate", "groups_with_bundle")
 
 
 def flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
@@ -263,11 +263,6 @@ def curve_data(runs, smoothing: float = 0.9) -> tuple[list[Curve], list[str]]:
     return curves, notes
 
 
-def _colours(labels) -> dict[str, str]:
-    others = iter(OTHER_COLOURS * (1 + len(labels) // len(OTHER_COLOURS)))
-    return {label: LABEL_COLOURS.get(label) or next(others) for label in sorted(set(labels))}
-
-
 def plot_curves(runs, out_png: str | Path, smoothing: float = 0.9) -> Path:
     """curves.png: per env one column; rows training reward, success rate, groups with a bundle.
     Thin line: per-step mean (over seeds); thick: its debiased EMA (`smoothing`); band: min–max of
@@ -277,11 +272,18 @@ def plot_curves(runs, out_png: str | Path, smoothing: float = 0.9) -> Path:
 
 
 def _draw(curves: list[Curve], notes: list[str], out_png: Path) -> Path:
+    figure = curves_figure(curves, notes)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_png, format="png", metadata={"Software": None})
+    return out_png
+
+
+def curves_figure(curves: list[Curve], notes: list[str]):
+    """The figure of curves.png: one column per env, one row per CURVE_METRICS entry, a legend below."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state, Agg canvas
-    from matplotlib.ticker import MaxNLocator
 
     envs = sorted({c.env for c in curves})
-    colours = _colours([c.label for c in curves])
+    styles = curve_styles(sorted({c.label for c in curves}))
     if not curves:
         figure = Figure(figsize=(6.4, 3.2), dpi=100)
         axes = figure.add_subplot()
@@ -289,33 +291,42 @@ def _draw(curves: list[Curve], notes: list[str], out_png: Path) -> Path:
         axes.text(0.5, 0.5, "nothing to plot yet\n" + "\n".join(notes), ha="center", va="center",
                   wrap=True, fontsize=9)
     else:
-        figure = Figure(figsize=(5.2 * len(envs), 7.6 + 0.25 * len(notes)), dpi=100, layout="constrained")
+        figure = Figure(figsize=(5.2 * len(envs), 8.2 + 0.25 * len(notes) + 0.2 * (len(styles) // 4)), dpi=100,
+                        layout="constrained")
         grid = figure.subplots(len(CURVE_METRICS), len(envs), squeeze=False, sharex="col")
+        legend = {}
         for column, env in enumerate(envs):
             for row, (key, ylabel) in enumerate(CURVE_METRICS):
                 axes = grid[row, column]
-                for curve in (c for c in curves if c.env == env):
-                    colour = colours[curve.label]
+                shown = []
+                members = [c for c in curves if c.env == env]
+                for index, curve in enumerate(members):
+                    style = styles[curve.label]
                     seeds = f" ({len(curve.runs)} runs)" if len(curve.runs) > 1 else ""
+                    steps = dodge(curve.steps, index, len(members))
                     if curve.low is not None:
-                        axes.fill_between(curve.steps, curve.low[key], curve.high[key], color=colour,
+                        axes.fill_between(steps, curve.low[key], curve.high[key], color=style.colour,
                                           alpha=0.18, linewidth=0)
-                    axes.plot(curve.steps, curve.raw[key], color=colour, alpha=0.35, linewidth=0.8)
-                    axes.plot(curve.steps, curve.smooth[key], color=colour, linewidth=2.0,
-                              label=f"{curve.label}{seeds}")
+                        shown += [curve.low[key], curve.high[key]]
+                    draw_curve(axes, steps, curve.raw[key], style, linewidth=0.8, alpha=0.35, markers=False)
+                    draw_curve(axes, steps, curve.smooth[key], style, label=f"{curve.label}{seeds}")
+                    shown += [curve.raw[key], curve.smooth[key]]
+                fit_limits(axes, [s for c in curves if c.env == env for s in c.steps],
+                           np.concatenate(shown) if shown else [], unit_interval=key in UNIT_INTERVAL)
                 axes.set_ylabel(ylabel)
                 axes.grid(alpha=0.3)
                 if row == 0:
                     axes.set_title(env or "training")
-                    axes.legend(loc="best", fontsize=8)
+                    for handle, text in zip(*axes.get_legend_handles_labels()):
+                        legend.setdefault(text, handle)
                 if row == len(CURVE_METRICS) - 1:
                     axes.set_xlabel("training step")
-                    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "step 1.2" on short runs
+        # below the plots, where a dozen labels cover no curve
+        figure.legend(list(legend.values()), list(legend), loc="outside lower center", ncols=min(4, len(legend)),
+                      fontsize=8)
         if notes:
             figure.suptitle("\n".join(notes), fontsize=8, color="#a04000")
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_png, format="png", metadata={"Software": None})
-    return out_png
+    return figure
 
 
 # ---------------------------------------------------------------------------------------------- report

@@ -99,6 +99,15 @@ def _jsonable(value):
     return value
 
 
+def git_sha() -> str:
+    """The commit of the orsd source tree in use ('' outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def environment(seed: int) -> dict:
     versions = {}
     for name in PACKAGES:
@@ -106,11 +115,7 @@ def environment(seed: int) -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
+    sha = git_sha()
     from orsd import ops
 
     return {

@@ -60,7 +60,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
                                   share_frozen)
     from orsd.train.precision import configure_threads, resolve_autocast
     from orsd.train.trainer import Trainer
-    from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child
+    from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child, write_record
 
     torch.manual_seed(config.train.seed)
     dist = distributed.setup(config)
@@ -101,6 +101,8 @@ def build(config, run_dir=None, resume_from=None, log=print):
             if reference_dir is not None and (dist is None or dist.is_main):
                 policy.save_pretrained(reference_dir)
                 tokenizer.save_pretrained(reference_dir)
+        if config.warm_start.enabled and reference_dir is not None and (dist is None or dist.is_main):
+            write_record(config, reference_dir)  # beside the warm-started policy: orsd-study starts arms from it
         reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
     release_memory()  # the warm start's optimizer, gradients and activations are gone
     freeze_for_update(policy, config, precision.autocast, distributed=dist is not None, log=log)

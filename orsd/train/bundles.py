@@ -51,11 +51,11 @@ def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num
 def draft_corpus(config, tokenizer) -> list[list[int]]:
     """What speculative bundle decoding may copy drafts from besides the prompt and the other
     bundles: the criteria pool, numbered as the warm start's bundle demos show it, when the
-    warm start shows them (the policy then writes its lines nearly word for word)."""
-    from .warmstart import criteria_pool
+    policy was shown them, by this run's warm start or by the one that saved it (the policy then
+    writes its lines nearly word for word)."""
+    from .warmstart import bundle_demos_shown, criteria_pool
 
-    w = config.warm_start
-    if not (config.rubric.draft_tokens and w.enabled and w.bundle_demos):
+    if not (config.rubric.draft_tokens and bundle_demos_shown(config)):
         return []
     text = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(criteria_pool(config.env.name), 1))
     return [tokenizer.encode(text, add_special_tokens=False)]

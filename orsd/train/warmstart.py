@@ -342,6 +342,39 @@ def _fit_in_child(config, out_dir: str, distrusted: dict, threads: int):
     return losses, lines, precision
 
 
+#: written beside a policy a warm start saved (checkpoints/reference/): what the fit showed it
+RECORD = "warm_start.json"
+
+
+def write_record(config, out_dir) -> None:
+    """warm_start.json in `out_dir`: a run that later starts from this policy with its own warm start
+    off (`model.path=<run>/checkpoints/reference`, as orsd-study's arms do) still knows that the
+    policy saw bundle demonstrations (`bundle_demos_shown`)."""
+    import json
+
+    w = config.warm_start
+    shown = w.bundle_demos if make_method(config).writes_bundles else 0  # as run_warm_start adds them
+    record = {"env": config.env.name, "bundle_demos": shown, "episodes": w.episodes, "epochs": w.epochs,
+              "seed": config.train.seed}
+    (Path(out_dir) / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def bundle_demos_shown(config) -> int:
+    """Bundle demonstrations the policy at model.path was fitted on: this run's warm start's, or, with
+    the warm start off, those an earlier run's warm start recorded beside the policy (write_record)
+    for the same env; 0 otherwise."""
+    import json
+
+    w = config.warm_start
+    if w.enabled:
+        return w.bundle_demos
+    try:
+        record = json.loads((Path(config.model.path) / RECORD).read_text())
+    except (OSError, ValueError):  # a model id, random:..., or a policy no warm start saved
+        return 0
+    return int(record.get("bundle_demos") or 0) if record.get("env") == config.env.name else 0
+
+
 def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | None = None) -> list[float]:
     """The configured warm start of `policy` in place; `precision` (default model.autocast) is the
     autocast dtype of its forwards."""

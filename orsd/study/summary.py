@@ -1,0 +1,175 @@
+"""The study's numbers from its runs' records (config.yaml, steps.jsonl, eval.jsonl): per arm the
+learning statistic, held-out success at start and end with bootstrap intervals, each arm against
+the baseline paired by seed, and the size of the rubric's shaping against the GRPO advantage."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from orsd.report.reporter import read_jsonl
+
+from . import stats
+from .grid import run_path
+
+#: resample held-out success over seeds from this many seeds on; below, over episodes pooled across seeds
+MIN_SEEDS_FOR_SEED_BOOTSTRAP = 3
+#: the fallback shaping ratio, from metrics every ORSD step records (when no shaping_ratio* key exists):
+#: mean over response tokens of |α·e·Δ| = α · (fraction of tokens with e = 1) · mean |Δ| over them,
+#: against the mean |A| over response tokens (after shaping, ≈ |A_GRPO| while α·|Δ| is small)
+FALLBACK_SHAPING = "alpha*valid_token_fraction*delta_abs_mean/advantage_abs_mean"
+
+
+@dataclass
+class RunData:
+    label: str
+    seed: int
+    path: Path
+    config: dict
+    steps: list[dict]
+    evals: list[dict]
+
+    def series(self, key: str) -> dict[int, float]:
+        """step -> finite value of `key` in steps.jsonl."""
+        return {s["step"]: float(s[key]) for s in self.steps
+                if isinstance(s.get("step"), int) and stats.is_number(s.get(key))}
+
+
+def read_runs(out: Path, labels: list[str], seeds: list[int]) -> dict[str, dict[int, RunData]]:
+    """Every run of the grid that has a directory; a run not started yet is left out (and said so)."""
+    runs: dict[str, dict[int, RunData]] = {}
+    for label in labels:
+        for seed in seeds:
+            path = run_path(out, label, seed)
+            if not path.is_dir():
+                continue
+            config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
+            steps = [s for s in read_jsonl(path / "steps.jsonl") if isinstance(s.get("step"), int)]
+            runs.setdefault(label, {})[seed] = RunData(label, seed, path, config or {}, steps,
+                                                       read_jsonl(path / "eval.jsonl"))
+    return runs
+
+
+def eval_at(run: RunData, step: int) -> dict | None:
+    """The last eval.jsonl record at `step` (a resumed run may have written one twice)."""
+    return next((e for e in reversed(run.evals)
+                 if e.get("step") == step and stats.is_number(e.get("success_rate"))), None)
+
+
+def end_step(runs: dict[str, dict[int, RunData]]) -> int | None:
+    """The last evaluated step after 0 that every run shares: arms are compared at the same point."""
+    every = [{e.get("step") for e in run.evals if isinstance(e.get("step"), int) and e["step"] > 0}
+             for by_seed in runs.values() for run in by_seed.values()]
+    common = set.intersection(*every) if every else set()
+    return max(common) if common else None
+
+
+def heldout(by_seed: dict[int, RunData], end: int | None) -> dict:
+    """Held-out success at step 0 (train.eval_before) and at `end`, and end − start, with intervals:
+    over the per-seed success rates from 3 seeds on (the difference paired by seed), else over the
+    episodes pooled across seeds (the difference as two independent samples)."""
+    start_records = {seed: eval_at(run, 0) for seed, run in by_seed.items()}
+    end_records = {seed: eval_at(run, end) if end is not None else None for seed, run in by_seed.items()}
+    start = {s: r["success_rate"] for s, r in start_records.items() if r is not None}
+    finish = {s: r["success_rate"] for s, r in end_records.items() if r is not None}
+    both = sorted(start.keys() & finish.keys())
+    out = {"start_step": 0, "end_step": end, "per_seed": {str(s): {"start": start.get(s), "end": finish.get(s)}
+                                                         for s in sorted(by_seed)}}
+    if len(both) >= MIN_SEEDS_FOR_SEED_BOOTSTRAP:
+        out["unit"] = "seeds"
+        out["start"] = stats.bootstrap_mean(start.values(), "seeds").as_dict()
+        out["end"] = stats.bootstrap_mean(finish.values(), "seeds").as_dict()
+        out["end_minus_start"] = stats.paired_difference(finish, start).as_dict()
+        return out
+    pooled_start = [stats.episode_outcomes(r) for r in start_records.values() if r is not None]
+    pooled_end = [stats.episode_outcomes(r) for r in end_records.values() if r is not None]
+    first = np.concatenate(pooled_start) if pooled_start else np.array([])
+    last = np.concatenate(pooled_end) if pooled_end else np.array([])
+    out["unit"] = f"episodes pooled over {len(both)} seed{'s' * (len(both) != 1)}"
+    out["start"] = stats.bootstrap_mean(first, "episodes").as_dict()
+    out["end"] = stats.bootstrap_mean(last, "episodes").as_dict()
+    out["end_minus_start"] = stats.bootstrap_difference(last, first, "episodes").as_dict()
+    return out
+
+
+def learning(by_seed: dict[int, RunData], window: int) -> tuple[dict, dict[int, float]]:
+    """The statistic the study is judged on: per seed, mean training reward over the last `window`
+    steps minus the first `window`; over seeds its mean, standard error and how many SEs from 0."""
+    per_seed = {seed: stats.learning_gain([v for _, v in sorted(run.series("reward_mean").items())], window)
+                for seed, run in sorted(by_seed.items())}
+    interval = stats.bootstrap_mean(per_seed.values(), "seeds")
+    summary = {"window": window, "per_seed": {str(s): stats.finite(v) for s, v in per_seed.items()},
+               **interval.as_dict(), "n_se": stats.finite(stats.n_standard_errors(interval.mean, interval.se))}
+    return summary, per_seed
+
+
+def shaping(by_seed: dict[int, RunData]) -> dict:
+    """Per arm, the mean over steps and seeds of every `shaping_ratio*` metric of steps.jsonl; where
+    no step has one, the ratio computed from the step's own metrics (FALLBACK_SHAPING)."""
+    keys = sorted({k for run in by_seed.values() for s in run.steps for k in s if k.startswith("shaping_ratio")})
+    if keys:
+        return {"source": "steps.jsonl", **{key: _mean([v for run in by_seed.values()
+                                                        for v in run.series(key).values()]) for key in keys}}
+    values = []
+    for run in by_seed.values():
+        alpha = float(((run.config.get("rubric") or {}).get("alpha")) or 0.0)
+        for s in run.steps:
+            parts = [s.get(k) for k in ("valid_token_fraction", "delta_abs_mean", "advantage_abs_mean")]
+            if all(stats.is_number(p) for p in parts) and parts[2] > 0:
+                values.append(alpha * parts[0] * parts[1] / parts[2])
+    return {"source": FALLBACK_SHAPING, "shaping_ratio": _mean(values), "steps": len(values)}
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: str | None,
+              window: int = stats.WINDOW) -> dict:
+    """summary.json's "arms": per arm in `labels` order; `baseline` (a label) is what the others are
+    paired against by seed."""
+    end = end_step(runs)
+    arms, gains = {}, {}
+    for label in labels:
+        by_seed = runs.get(label, {})
+        learned, gains[label] = learning(by_seed, window)
+        methods = Counter(str((run.config.get("method") or {}).get("name")) for run in by_seed.values())
+        arms[label] = {
+            "method": methods.most_common(1)[0][0] if methods else None,
+            "seeds": sorted(by_seed),
+            "runs": {str(seed): str(run.path) for seed, run in sorted(by_seed.items())},
+            "steps_recorded": {str(seed): max((s["step"] for s in run.steps), default=0)
+                               for seed, run in sorted(by_seed.items())},
+            "reward_first": _mean([run.steps[0]["reward_mean"] for run in by_seed.values()
+                                   if run.steps and stats.is_number(run.steps[0].get("reward_mean"))]),
+            "reward_last": _mean([run.steps[-1]["reward_mean"] for run in by_seed.values()
+                                  if run.steps and stats.is_number(run.steps[-1].get("reward_mean"))]),
+            "learning": learned,
+            "heldout": heldout(by_seed, end),
+            "shaping": shaping(by_seed),
+        }
+    if baseline is not None and baseline in arms:
+        base_end = _end_success(runs.get(baseline, {}), end)
+        for label in labels:
+            if label == baseline:
+                continue
+            arms[label]["vs_baseline"] = {
+                "baseline": baseline,
+                "learning": stats.paired_difference(gains[label], gains[baseline]).as_dict(),
+                "heldout_end": stats.paired_difference(_end_success(runs.get(label, {}), end), base_end).as_dict(),
+            }
+    return {"end_step": end, "baseline": baseline, "arms": arms}
+
+
+def _end_success(by_seed: dict[int, RunData], end: int | None) -> dict[int, float]:
+    records = {seed: eval_at(run, end) for seed, run in by_seed.items()} if end is not None else {}
+    return {seed: r["success_rate"] for seed, r in records.items() if r is not None}
+
+
+def default_baseline(labels: list[str], methods: dict[str, str]) -> str | None:
+    """The arm the others are compared against: the first whose method is grpo, else the first arm."""
+    return next((label for label in labels if methods.get(label) == "grpo"), labels[0] if labels else None)

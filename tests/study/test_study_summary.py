@@ -1,0 +1,135 @@
+"""orsd-study's report from run directories written here (config.yaml, steps.jsonl, eval.jsonl):
+the summary's numbers against values worked out by hand, and every arm in every table and figure."""
+
+import json
+import math
+
+import pytest
+
+from orsd.report.run_dir import RunDir
+from orsd.study import cli
+from orsd.study.figures import study_figure
+from orsd.study.outputs import write_outputs
+from orsd.study.summary import read_runs, summarize
+
+#: reward = slope × step over 10 steps, so the learning statistic is slope × (8 − 3) = 5 × slope
+SLOPES = {"grpo": [0.0, 0.0, 0.0], "orsd": [0.1, 0.2, 0.3], "alpha0.1": [0.02, 0.04, 0.06]}
+#: held-out success at step 0 and step 10 per seed
+HELDOUT = {"grpo": ([0.0, 0.25, 0.5], [0.0, 0.25, 0.5]), "orsd": ([0.0, 0.25, 0.5], [0.5, 0.75, 1.0]),
+           "alpha0.1": ([0.25, 0.25, 0.25], [0.5, 0.25, 0.5])}
+
+
+def make_study(out, labels=tuple(SLOPES), seeds=(0, 1, 2), steps=10, shaping_keys=False, slopes=SLOPES,
+               heldout=HELDOUT):
+    for label in labels:
+        for seed in seeds:
+            run = RunDir(out / label / f"seed{seed}")
+            method = "grpo" if label == "grpo" else "orsd"
+            run.write_config({"method": {"name": method}, "env": {"name": "webshop"}, "model": {"path": "initial"},
+                              "rubric": {"alpha": 0.1 if label == "alpha0.1" else 0.01}})
+            for step in range(1, steps + 1):
+                record = {"step": step, "reward_mean": slopes[label][seed] * step, "success_rate": 0.1,
+                          "score_mean": 0.2, "valid_token_fraction": 0.5, "delta_abs_mean": 0.4,
+                          "advantage_abs_mean": 0.8}
+                if shaping_keys:
+                    record["shaping_ratio_mean"] = 0.001 * step
+                run.append("steps.jsonl", record)
+            start, end = heldout[label]
+            for step, success in ((0, start[seed]), (steps, end[seed])):
+                run.append("eval.jsonl", {"step": step, "env": "webshop", "split": "test", "success_rate": success,
+                                          "score_mean": success, "num_episodes": 4, "per_kind": {}})
+    study = {"out": str(out), "config": "configs/x.yaml", "sets": [], "arms": list(labels), "seeds": list(seeds),
+             "initial": {"policy": "initial", "sha256": "ab" * 32, "method": "orsd"}, "git_sha": "abc"}
+    (out / "study.json").write_text(json.dumps(study))
+    return study
+
+
+def test_summary_numbers(tmp_path):
+    make_study(tmp_path)
+    runs = read_runs(tmp_path, list(SLOPES), [0, 1, 2])
+    summary = summarize(runs, list(SLOPES), "grpo")
+    assert summary["end_step"] == 10 and summary["baseline"] == "grpo"
+    orsd = summary["arms"]["orsd"]
+    learning = orsd["learning"]
+    assert list(learning["per_seed"].values()) == pytest.approx([0.5, 1.0, 1.5])
+    assert learning["mean"] == pytest.approx(1.0)
+    assert learning["se"] == pytest.approx(0.5 / math.sqrt(3))  # sd of [0.5, 1, 1.5] is 0.5
+    assert learning["n_se"] == pytest.approx(2 * math.sqrt(3))
+    assert (learning["low"], learning["high"]) == pytest.approx((0.5, 1.5))  # 3 seeds: the extremes
+    # held-out: 3 seeds, so resampled over seeds; end − start is 0.5 on every seed
+    held = orsd["heldout"]
+    assert held["unit"] == "seeds"
+    assert (held["start"]["mean"], held["start"]["low"], held["start"]["high"]) == pytest.approx((0.25, 0.0, 0.5))
+    assert held["end_minus_start"]["mean"] == pytest.approx(0.5)
+    assert (held["end_minus_start"]["low"], held["end_minus_start"]["high"]) == pytest.approx((0.5, 0.5))
+    # against GRPO, paired by seed: GRPO's gains are all 0, so the differences are ORSD's own gains
+    versus = orsd["vs_baseline"]
+    assert versus["learning"]["mean"] == pytest.approx(1.0) and versus["learning"]["n"] == 3
+    assert versus["heldout_end"]["mean"] == pytest.approx(0.5)  # [0.5, 0.75, 1] − [0, 0.25, 0.5]
+    assert "vs_baseline" not in summary["arms"]["grpo"]
+    grpo = summary["arms"]["grpo"]["learning"]
+    assert grpo["mean"] == 0.0 and grpo["n_se"] is None  # 0 / 0: written as null, not NaN
+    # the fallback shaping ratio: α · 0.5 · 0.4 / 0.8
+    assert summary["arms"]["alpha0.1"]["shaping"]["shaping_ratio"] == pytest.approx(0.025)
+    assert summary["arms"]["orsd"]["shaping"]["shaping_ratio"] == pytest.approx(0.0025)
+    assert summary["arms"]["orsd"]["shaping"]["source"].startswith("alpha*")
+
+
+def test_recorded_shaping_ratios_are_averaged(tmp_path):
+    make_study(tmp_path, labels=("orsd",), shaping_keys=True)
+    summary = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], None)
+    assert summary["arms"]["orsd"]["shaping"] == {"source": "steps.jsonl",
+                                                  "shaping_ratio_mean": pytest.approx(0.0055)}  # mean of 1..10 / 1000
+
+
+def test_two_seeds_pool_episodes(tmp_path):
+    make_study(tmp_path, labels=("orsd",), seeds=(0, 1))
+    held = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"], None)["arms"]["orsd"]["heldout"]
+    assert held["unit"] == "episodes pooled over 2 seeds"
+    assert held["start"]["n"] == 8 and held["start"]["mean"] == pytest.approx(1 / 8)  # 0 + 1 of 4 episodes each
+    assert held["end"]["mean"] == pytest.approx(5 / 8)  # 2 + 3 of 4
+
+
+def test_outputs_name_every_arm(tmp_path):
+    study = make_study(tmp_path)
+    written = write_outputs(study, {"orsd/seed2": "failed (exit status 1)"})
+    assert {p.name for p in written} == {"summary.json", "study.md", "study.html", "curves.png", "heldout.png"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary["arms"]) == list(SLOPES) and summary["baseline"] == "grpo"
+    assert summary["runs"]["orsd/seed2"] == "failed (exit status 1)" and summary["runs"]["grpo/seed0"] == "recorded"
+    text = (tmp_path / "study.md").read_text()
+    table1 = [line for line in text.splitlines() if line.startswith("| initial |")]
+    assert sorted(line.split(" | ")[1] for line in table1) == sorted(SLOPES)  # orsd-compare: one row per arm
+    assert all(line.split(" | ")[2] == "3" for line in table1)  # its seeds averaged
+    for label in SLOPES:
+        assert text.count(f"| {label} |") >= 4, label  # learning, held-out, shaping, Table 1 (and vs GRPO)
+    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 3 |" in text  # against GRPO, paired by seed
+    page = (tmp_path / "study.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and all(f">{label}<" in page for label in SLOPES)
+
+
+def test_the_figure_tells_a_dozen_arms_apart(tmp_path):
+    labels = ["grpo", "orsd"] + [f"arm{i}" for i in range(10)]
+    slopes = {**SLOPES, **{label: [0.01 * i] * 3 for i, label in enumerate(labels[2:])}}
+    heldout = {label: HELDOUT["grpo"] for label in labels}
+    make_study(tmp_path, labels=labels, steps=1, slopes=slopes, heldout=heldout)
+    figure = study_figure(read_runs(tmp_path, labels, [0, 1, 2]), labels)
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert legend == [f"{label} (3 seeds)" for label in labels]
+    styles = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in figure.legends[0].get_lines()}
+    assert len(styles) == len(labels)
+    reward = figure.axes[0]
+    low, high = reward.get_ylim()
+    assert low < 0 and high > 0.09 and high - low < 1  # one step, values 0..0.09: the data's range, not ±5 %
+    assert reward.get_xlim() == (0.5, 1.5) and list(reward.get_xticks()) == [1.0]
+    # one-step runs: every line has a visible marker at its point
+    assert all(line.get_marker() not in (None, "None", "") for line in reward.get_lines())
+
+
+def test_report_only_reads_study_json(tmp_path, capsys):
+    make_study(tmp_path, labels=("grpo", "orsd"))
+    assert cli.main(["--out", str(tmp_path), "--report-only", "--baseline", "orsd"]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["baseline"] == "orsd"
+    assert "summary.json" in capsys.readouterr().out
+    assert cli.main(["--out", str(tmp_path), "--report-only", "--baseline", "nope"]) == 2
+    assert "--baseline 'nope': expected one of the arms" in capsys.readouterr().err
