@@ -4,7 +4,7 @@ the term; research/baselines.md §2–4 the methods).
 
 Memory: nothing holds a tokens × vocab tensor beyond one chunk. The teacher pass keeps, per
 response token with a teacher, log q(y) (4 bytes) and, by the divergence's view,
-  topk  the teacher's k ids and log-probs (int32 + f32: 8·k bytes), or
+  topk  the teacher's k ids and log-probs (int32 + f32: 8·k bytes; + 4 for the tail's log-mass), or
   full  the teacher's final hidden state (H values in the forward's dtype: 2·H bytes in bf16);
 the update turns those hidden states into teacher logits again inside its checkpointed chunks of
 `train_logprobs` (under no grad, with the teacher's own LM head), next to the student's logits.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from orsd.methods.distill import Distillation, topk_support
+from orsd.methods.distill import Distillation, outside_logmass, topk_support
 
 from .head import final_logits
 from .records import TurnRecord
@@ -38,13 +38,15 @@ class Teacher:
     rows: torch.Tensor  # [L] int64: row of position p in the tensors below; -1 where no teacher
     topk_ids: torch.Tensor | None = None  # [R, k] int32 (view "topk")
     topk_logprobs: torch.Tensor | None = None  # [R, k] f32
+    topk_tail: torch.Tensor | None = None  # [R] f32: log-mass outside the k ids (spec.tail)
     hidden: torch.Tensor | None = None  # [R, H] final hidden states (view "full")
     model: object = None  # whose LM head turns `hidden` into logits (view "full")
     metrics: dict = field(default_factory=dict)  # {name: (value, reduction)}
 
     @property
     def stored_bytes(self) -> int:
-        kept = [self.weight, self.logprobs, self.rows, self.topk_ids, self.topk_logprobs, self.hidden]
+        kept = [self.weight, self.logprobs, self.rows, self.topk_ids, self.topk_logprobs, self.topk_tail,
+                self.hidden]
         return sum(t.numel() * t.element_size() for t in kept if t is not None)
 
 
@@ -77,6 +79,8 @@ def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: l
     if view == "topk":
         teacher.topk_ids = torch.zeros((len(plain), spec.top_k), dtype=torch.int32)
         teacher.topk_logprobs = torch.zeros((len(plain), spec.top_k), dtype=torch.float32)
+        if spec.tail:
+            teacher.topk_tail = torch.zeros(len(plain), dtype=torch.float32)
     else:
         teacher.model = model
     head = model.get_output_embeddings()
@@ -92,6 +96,8 @@ def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: l
                 values, ids = logp.topk(spec.top_k, dim=-1)
                 teacher.topk_ids[row[part]] = ids.to(torch.int32).cpu()
                 teacher.topk_logprobs[row[part]] = values.cpu()
+                if spec.tail:
+                    teacher.topk_tail[row[part]] = outside_logmass(logp, ids).cpu()
         if view == "full":
             if teacher.hidden is None:
                 teacher.hidden = torch.zeros((len(plain), hidden.shape[-1]), dtype=hidden.dtype)
@@ -129,7 +135,8 @@ class DistillTerm:
             return None
         rows = t.rows[flat].clamp(min=0)  # no-teacher rows read row 0 (finite); their weight is 0
         if view == "topk":
-            return functools.partial(_topk_divergence, self.spec), (t.topk_ids[rows], t.topk_logprobs[rows])
+            kept = (t.topk_ids[rows], t.topk_logprobs[rows]) + ((t.topk_tail[rows],) if self.spec.tail else ())
+            return functools.partial(_topk_divergence, self.spec), kept
         return functools.partial(_full_divergence, self.spec, t.model, self.temperature), (t.hidden[rows],)
 
     def per_token(self, flat: torch.Tensor, logprobs: torch.Tensor,
@@ -149,9 +156,10 @@ class DistillTerm:
 
 
 def _topk_divergence(spec: Distillation, student_logp: torch.Tensor, ids: torch.Tensor,
-                     teacher_topk: torch.Tensor) -> torch.Tensor:
+                     teacher_topk: torch.Tensor, teacher_tail: torch.Tensor | None = None) -> torch.Tensor:
     student = student_logp.gather(-1, ids.long())
-    return spec.on_support(*topk_support(student, teacher_topk, spec.tail))
+    tails = (outside_logmass(student_logp, ids), teacher_tail) if spec.tail else None
+    return spec.on_support(*topk_support(student, teacher_topk, tails))
 
 
 def _full_divergence(spec: Distillation, teacher_model, temperature: float, student_logp: torch.Tensor,
