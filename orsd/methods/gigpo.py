@@ -13,6 +13,8 @@ What orsd decides where the source leaves a choice (each is documented in docs/m
 - the per-turn reward is ORSD's trajectory reward (Eq. 12/13) placed on the last turn, with no
   extra per-turn invalid-action penalty (Eq. 12/13 already penalise invalid and looping actions);
 - episode statistics over turn rows (verl-agent's code) or over trajectories (GRPO), a config key;
+  a trajectory without turns (failed reset, reward 0) has no turn row, and counts among the
+  trajectories as GRPO's Eq. 2 counts it (orsd/methods/base.py), so both normalise a group alike;
 - returns and statistics in float64, and a group whose std is below 1e-6 counts as constant
   (its term is 0): returns equal up to float noise are not blown up by the 1e-6 divisor.
 """

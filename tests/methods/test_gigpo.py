@@ -123,3 +123,31 @@ def test_discount_uses_turns_to_the_end():
     turn = gigpo("mean_norm", "trajectories", gamma=0.9).advantages([group]).turn[0]
     assert turn[0] == pytest.approx([0.5 + 0.405, 0.5, 0.5])
     assert turn[1] == pytest.approx([-0.5 - 0.405])
+
+
+def with_a_failed_reset() -> Group:
+    """The worked example plus a fourth trajectory whose reset raised: no turn, reward 0 (rollout.py)."""
+    group = worked_example()
+    group.trajectories.append(Trajectory(task=group.task, observations=[], actions=[], error="reset failed: boom"))
+    return group
+
+
+@pytest.mark.parametrize("mode, grpo_by_std", [("mean_norm", "false"), ("mean_std_norm", "true")])
+def test_a_trajectory_without_turns_counts_in_trajectory_statistics_as_in_grpo(mode, grpo_by_std):
+    """`trajectories` normalises over the group as GRPO's Eq. 2 does in orsd, where a failed reset
+    is a reward of 0 among the N: rewards [1, 0, 1, 0], mean 0.5, unbiased std 0.577350."""
+    group = with_a_failed_reset()
+    advantages = gigpo(mode, "trajectories").advantages([group])
+    grpo = make_method(load_config(None, ["method.name=grpo", f"optim.norm_adv_by_std={grpo_by_std}"]))
+    expected = {"mean_norm": [0.5, -0.5, 0.5, -0.5], "mean_std_norm": [0.866024, -0.866024, 0.866024, -0.866024]}
+    assert advantages.episode[0] == pytest.approx(expected[mode], abs=2e-6)
+    assert grpo.advantages([group]).episode[0] == pytest.approx(expected[mode], abs=2e-6)
+    assert advantages.turn[0][3] == []  # nothing of it is trained on
+
+
+def test_a_trajectory_without_turns_has_no_row_in_turn_statistics():
+    """`turns` takes one row per turn: the failed reset adds none, so the others' A^E are the worked
+    example's (rows [1,1,1, 0,0,0, 1,1], mean 0.625) and its own is R − 0.625 = −0.625."""
+    advantages = gigpo("mean_norm", "turns").advantages([with_a_failed_reset()])
+    assert advantages.episode[0] == pytest.approx([0.375, -0.625, 0.375, -0.625], abs=2e-6)
+    assert advantages.turn[0][:3] == [pytest.approx(row, abs=2e-6) for row in COMBINED["mean_norm", "turns"]]
