@@ -5,6 +5,11 @@
 - `opsd`: the same term replaces the PG loss (pg_loss_coef 0, as SDAR's OPSD baseline and SDPO's
   `loss_mode: sdpo`); the k3 KL to the reference stays.
 
+The ORSD paper's OPSD and GRPO+OPSD rows come from SDAR's protocol, where both use SDAR's gated
+sampled-token loss (distill_divergence=sdar, gate β_g = method.sdar_gate_beta): "OPSD" is `opsd`
+with it (no PG term, β_g = 5), "GRPO+OPSD" is `grpo_opsd` with it and β_g = 0 (g ≡ 0.5, which is
+`sdar` with β_g = 0); the presets configs/*_sdar_opsd.yaml and *_sdar_grpo_opsd.yaml set them.
+
 With the default privileged context (the selected rubric B*) this is "rubric-OPSD": OPSD's teacher
 saw a reference solution, SDAR's retrieved skills; see docs/methods.md.
 """
@@ -23,7 +28,7 @@ class GRPOOPSD(SelfDistillation):
         m = config.method
         self.distillation = Distillation(divergence=m.distill_divergence, coef=m.distill_coef, pg_coef=self.pg_coef,
                                          teacher=m.distill_teacher, beta=m.distill_beta, top_k=m.distill_topk,
-                                         tail=m.distill_topk_tail)
+                                         tail=m.distill_topk_tail, gate_beta=m.sdar_gate_beta)
 
 
 class OPSD(GRPOOPSD):

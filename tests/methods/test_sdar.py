@@ -1,14 +1,17 @@
 """SDAR: the worked example of research/baselines.md §3 (hand-computed: g = σ(5·δ) for
 δ = ±ln 1.5 and 0; with λ = 0.01 the weights on ∇log π are λ·g), and one step next to GRPO's."""
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from distill_steps import grpo_batch, max_difference, method_step
+from distill_steps import grpo_batch, max_abs, max_difference, method_step
 from orsd.methods import make_method
 from orsd.methods.distill import sdar_gate, sdar_loss
+from orsd.train.config import load_config
 from scripted import small_config
 from tiny_model import make_tiny_qwen3
 
@@ -57,3 +60,46 @@ def test_sdar_step_changes_grpos_gradient_on_the_same_batch(tiny_tokenizer):
     assert m["distill_loss"] != 0 and math.isfinite(m["distill_loss"])
     assert result.outputs.teacher.topk_ids is None and result.outputs.teacher.hidden is None  # 4 bytes/token
     assert max_difference(grads, grpo) > 1e-5
+
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+
+@pytest.mark.parametrize("env", ["webshop", "alfworld"])
+def test_the_papers_opsd_rows_follow_sdars_protocol(env):
+    """The ORSD paper's OPSD and GRPO+OPSD rows are SDAR's runs: "OPSD" = SDAR's gated loss without
+    the PG term, "GRPO+OPSD" = SDAR with β_g = 0; their presets build exactly those terms."""
+    opsd = make_method(load_config(CONFIGS / f"{env}_qwen3_1p7b_sdar_opsd.yaml")).distillation
+    sdar = make_method(load_config(CONFIGS / f"{env}_qwen3_1p7b_sdar.yaml")).distillation
+    assert (opsd.divergence, opsd.gate_beta, opsd.pg_coef) == ("sdar", 5.0, 0.0)
+    # all else is SDAR's (λ, teacher, gate); top_k is read by the topk divergence only
+    assert dataclasses.replace(opsd, top_k=0) == dataclasses.replace(sdar, pg_coef=0.0)
+    grpo_opsd = make_method(load_config(CONFIGS / f"{env}_qwen3_1p7b_sdar_grpo_opsd.yaml")).distillation
+    assert (grpo_opsd.divergence, grpo_opsd.gate_beta, grpo_opsd.pg_coef) == ("sdar", 0.0, 1.0)
+    assert dataclasses.replace(grpo_opsd, top_k=0) == dataclasses.replace(sdar, gate_beta=0.0)
+
+
+def test_gate_beta_zero_makes_the_term_teacher_independent():
+    """β_g = 0: g ≡ 0.5 whatever the teacher says, so every sampled token gets −λ/2 on ∇log π."""
+    spec = make_method(small_config("method.name=grpo_opsd", "method.distill_divergence=sdar",
+                                    "method.sdar_gate_beta=0")).distillation
+    grads = []
+    for teacher in (torch.tensor([-0.1, -5.0]), torch.tensor([-9.0, -0.2])):
+        student = torch.tensor([-1.0, -2.0], requires_grad=True)
+        spec.on_token(student, teacher).sum().backward()
+        grads.append(student.grad.tolist())
+    assert grads == [[-0.5, -0.5], [-0.5, -0.5]]
+
+
+@pytest.mark.slow
+def test_opsd_with_the_sdar_divergence_is_sdar_without_the_pg_term(tiny_tokenizer):
+    """On one batch: grad(sdar) − grad(grpo) = grad(opsd, distill_divergence=sdar) ≠ 0."""
+    model = make_tiny_qwen3(tiny_tokenizer).train()
+    grpo, groups = grpo_batch(model, tiny_tokenizer)
+    with_pg, _ = method_step("sdar", model, tiny_tokenizer, groups, "method.distill_coef=0.5")
+    alone, result = method_step("opsd", model, tiny_tokenizer, groups, "method.distill_coef=0.5",
+                                "method.distill_divergence=sdar")
+    assert result.metrics["distill_tokens"] == result.metrics["update_tokens"]
+    assert max_abs(alone) > 1e-5
+    difference = [w - g for w, g in zip(with_pg, grpo)]
+    assert max_difference(difference, alone) < 1e-3 * max_abs(alone)

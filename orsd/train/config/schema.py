@@ -107,7 +107,9 @@ class MethodConfig:
                               "0.01 for SDAR and its OPSD and GRPO+OPSD runs); cripo: beta of beta~ = 2*s*beta", ge=0)
     distill_divergence: str = doc("jsd", "opsd/grpo_opsd: per-token divergence: jsd (generalised JSD over the full "
                                   "vocabulary, OPSD's default) | topk (on the teacher's top-k ids) | sampled "
-                                  "(sampled-token reverse-KL estimator)", choices=("jsd", "topk", "sampled"))
+                                  "(sampled-token reverse-KL estimator) | sdar (SDAR's gated sampled-token loss with "
+                                  "method.sdar_gate_beta: opsd with it is the OPSD row of SDAR's protocol)",
+                                  choices=("jsd", "topk", "sampled", "sdar"))
     distill_beta: float = doc(0.5, "opsd/grpo_opsd: beta of the generalised JSD (0 = forward KL(q||p), "
                               "1 = reverse KL(p||q); OPSD: 0.5)", ge=0, le=1)
     distill_topk: int = doc(50, "opsd/grpo_opsd with distill_divergence=topk: teacher ids kept per token "
@@ -120,8 +122,8 @@ class MethodConfig:
     distill_context: str = doc("rubric", "opsd/grpo_opsd/sdar: privileged context of the teacher: rubric (the "
                                "selected bundle B*; bundles, verifier and selection run as in orsd) | success (a "
                                "successful trajectory of the same group, as SDPO)", choices=("rubric", "success"))
-    sdar_gate_beta: float = doc(5.0, "sdar: beta_g of the gate g = sigmoid(beta_g * delta) (SDAR: 5; 0 gives "
-                                "g = 0.5, SDAR's scripts' GRPO+OPSD)", ge=0)
+    sdar_gate_beta: float = doc(5.0, "sdar, and opsd/grpo_opsd with distill_divergence=sdar: beta_g of the gate "
+                                "g = sigmoid(beta_g * delta) (SDAR: 5; 0 gives g = 0.5, SDAR's scripts' GRPO+OPSD)", ge=0)
     cripo_threshold: float = doc(0.5, "cripo: a criterion is satisfied when its verifier score is >= this",
                                  ge=0, le=1)
     cripo_topk: int = doc(64, "cripo: teacher ids kept per token for the forward KL (CriPO: 64)", ge=1)
