@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     from orsd.report.run_dir import RunDir
 
     parser = argparse.ArgumentParser(prog="orsd-eval", description="Evaluate a policy checkpoint on held-out tasks.")
-    parser.add_argument("checkpoint", help="an HF model directory (e.g. runs/<name>/checkpoints/final)")
+    parser.add_argument("checkpoint", help="an HF model directory: a run's checkpoint runs/<name>/checkpoints/step_<k> "
+                        "(written every train.save_every steps and at the end; the summary names the last one), "
+                        "or any model directory")
     parser.add_argument("--config", help="the run's config.yaml (env, budgets); default: the embedded default")
     parser.add_argument("--split", default="", help="held-out split (default: test / valid_unseen)")
     parser.add_argument("--tasks", type=int, default=0, help="number of held-out tasks (default: train.eval_tasks)")

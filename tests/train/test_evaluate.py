@@ -51,6 +51,21 @@ def test_orsd_eval_takes_overrides_between_and_after_its_options(capsys):
     assert "--tasks=-1 must be >= 0" in capsys.readouterr().err
 
 
+def test_orsd_eval_help_names_the_checkpoint_directories_a_run_writes(capsys):
+    """The help named runs/<name>/checkpoints/final, which no run writes (checkpoint.py: step_<k>)."""
+    import re
+
+    from orsd.train.checkpoint import STEP_DIR
+    from orsd.train.evaluate import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    named = re.findall(r"runs/<name>/checkpoints/(\S+?)[\s,)]", text)
+    assert named == ["step_<k>"]
+    assert STEP_DIR.match(named[0].replace("<k>", "12"))  # the name checkpoint.save writes
+
+
 def test_orsd_train_takes_overrides_between_and_after_its_options():
     from orsd.train.cli import parse_args
 
