@@ -56,7 +56,9 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
 
 def _rename_legacy(layer: _Layer) -> dict:
     """Move keys listed in RENAMED to their new place, with a warning naming both and where the old
-    one was written. Called by load_config only: stacklevel 3 points the warning at its caller."""
+    one was written. Called by load_config only: stacklevel 3 points the warning at its caller.
+    An error about the new key then names the old one and where it was written (a file's line or
+    the command line), not where the new key last had a value (the embedded default)."""
     import warnings
 
     data = layer.data
@@ -64,7 +66,9 @@ def _rename_legacy(layer: _Layer) -> dict:
         section, key = old.split(".")
         if isinstance(data.get(section), dict) and key in data[section]:
             value = data[section].pop(key)
-            warnings.warn(f"{layer.lines.get(old, layer.where)}: config key {old!r} is now {new!r}; "
+            written = layer.lines.get(old, layer.where)
+            layer.lines[new] = f"{written}, key {old!r} (now {new!r})"
+            warnings.warn(f"{written}: config key {old!r} is now {new!r}; "
                           f"the old name is read for one release", FutureWarning, stacklevel=3)
             new_section, new_key = new.split(".")
             data.setdefault(new_section, {})[new_key] = value
@@ -168,9 +172,6 @@ def _text_layer(text: str, name: str) -> _Layer:
         raise ConfigError(f"{name}:{problem.line}: {problem.what}" if problem.line else f"{name}: {problem.what}")
     if data is None:
         data = {}  # an empty file (or only comments) changes nothing
-    for old, new in RENAMED.items():  # a renamed key is reported where its old name was written
-        if old in lines:
-            lines[new] = lines[old]
     return _Layer(data, {key: f"{name}:{line}" for key, line in lines.items()}, f"{name}:{lines.get('', 1)}")
 
 
