@@ -107,6 +107,29 @@ class _YamlProblem(Exception):
         self.line, self.what = line, what
 
 
+def _refuse_repeated_keys(node, prefix: str) -> None:
+    """A key written twice in one mapping is refused with both lines: YAML keeps the last one
+    silently, so a file that sets optim.lr at the top and again lower down trains with the second.
+    Runs on the composed nodes, before `<<` merges add their keys (an explicit key may override
+    a merged one)."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(item, prefix)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key_node.start_mark.line + 1
+        dotted = prefix + key_node.value
+        if key_node.value in first:
+            raise _YamlProblem(line, f"key {dotted!r} is written twice, on lines {first[key_node.value]} and {line} "
+                               f"(YAML would keep the last silently); keep one")
+        first[key_node.value] = line
+        _refuse_repeated_keys(value_node, dotted + ".")
+
+
 def _parse_yaml(text: str) -> tuple[Any, dict[str, int]]:
     """safe_load, plus the 1-based line of every mapping key (dotted); any YAML problem becomes a
     _YamlProblem with its line. Python tags (!!python/object...) are refused by the safe loader."""
@@ -114,6 +137,7 @@ def _parse_yaml(text: str) -> tuple[Any, dict[str, int]]:
     try:
         loader = yaml.SafeLoader(text)  # the reader refuses NUL and other control characters here
         node = loader.get_single_node()
+        _refuse_repeated_keys(node, "")  # before construction, which would keep the last silently
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
