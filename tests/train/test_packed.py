@@ -2,6 +2,10 @@
 bit for bit, and every call it does not serve takes the layer's own forward."""
 
 import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,13 +43,27 @@ def test_a_cpu_that_cannot_pack_bf16_decodes_with_the_layers_own_forward(tiny_mo
     assert all(len(g.ids) >= 1 for g in generated)
 
 
-def test_packs_bf16_says_what_onednn_does():
-    weight = torch.zeros(16, 16, dtype=torch.bfloat16)
-    if packs_bf16():
-        assert torch.ops.mkldnn._reorder_linear_weight(weight, 1).numel() > 0
-    else:
-        with pytest.raises(RuntimeError, match="bf16"):
-            torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (Linux)."""
+    line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    return set(line.split(":", 1)[1].split())
+
+
+def packs_bf16_in_a_fresh_process(**env: str) -> bool:
+    """packs_bf16() in a new interpreter (it is cached per process, and oneDNN reads its ISA cap once)."""
+    clean = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    out = subprocess.run([sys.executable, "-c", "from orsd.engines.packed import packs_bf16; print(packs_bf16())"],
+                         env={**clean, **env}, capture_output=True, text=True, check=True).stdout
+    return {"True": True, "False": False}[out.strip()]
+
+
+def test_packs_bf16_agrees_with_the_cpus_flags_and_onednns_isa_cap():
+    """oneDNN packs bf16 weights with AVX-512 BW/VL/DQ or AVX-NE-CONVERT and refuses otherwise; an
+    ISA cap below AVX-512 makes it refuse on any CPU (the capped-Xeon case of docs/performance.md)."""
+    flags = cpu_flags()
+    expected = {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
+    assert packs_bf16_in_a_fresh_process() is expected
+    assert packs_bf16_in_a_fresh_process(ONEDNN_MAX_CPU_ISA="AVX2") is False
 
 
 @needs_packing
