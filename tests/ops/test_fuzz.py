@@ -71,14 +71,20 @@ def _report(summary: dict) -> str:
     )
 
 
+def check_summary(summary: dict, examples: int) -> None:
+    """What both devices' runs must show: every case ran, and both outcomes were exercised, or the
+    mutations (or the valid cases) have gone dead. A crash or a wrong number already failed the
+    run (run_fuzz)."""
+    assert summary["cases"] >= examples, summary
+    assert summary["value_errors"] > examples // 5, summary
+    assert summary["results"] > examples // 5, summary
+
+
 @pytest.mark.parametrize("op", list(EXAMPLES))
 def test_fuzz_op_gives_the_reference_or_a_value_error(op):
     summary = run_fuzz(op, EXAMPLES[op])
     print(_report(summary))
-    assert summary["cases"] >= EXAMPLES[op]
-    # Both outcomes must be exercised, or the mutations (or the valid cases) have gone dead.
-    assert summary["value_errors"] > EXAMPLES[op] // 5, summary
-    assert summary["results"] > EXAMPLES[op] // 5, summary
+    check_summary(summary, EXAMPLES[op])
 
 
 @pytest.mark.gpu
@@ -86,6 +92,7 @@ def test_fuzz_op_gives_the_reference_or_a_value_error(op):
 def test_fuzz_op_on_cuda(op):
     summary = run_fuzz(op, EXAMPLES[op] // 4, "cuda")
     print(_report(summary))
+    check_summary(summary, EXAMPLES[op] // 4)
 
 
 if __name__ == "__main__":
