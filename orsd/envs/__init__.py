@@ -19,7 +19,33 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "alfworld": ("train", "valid_seen", "valid_unseen"),
 }
 
-__all__ = ["INFO_KEYS", "SPLITS", "Env", "Task", "from_config", "make", "parse_action"]
+__all__ = ["INFO_KEYS", "SPLITS", "Env", "Task", "from_config", "make", "option_names", "parse_action"]
+
+
+def env_class(name: str, backend: str = "generated") -> type[Env]:
+    """The class `make(name, backend=...)` builds (its module imported, no data loaded)."""
+    if name == "alfworld":
+        from orsd.envs.alfworld import AlfworldEnv
+
+        return AlfworldEnv
+    if backend == "real":
+        from orsd.envs.webshop.real import WebShopRealEnv
+
+        return WebShopRealEnv
+    from orsd.envs.webshop import WebShopEnv
+
+    return WebShopEnv
+
+
+def option_names(name: str, backend: str = "generated") -> tuple[str, ...]:
+    """The keyword options `make(name, ...)` accepts: the env class's keyword-only constructor
+    parameters (read from its signature, so the list cannot drift from the code), and the shop's
+    `backend`. A run config's env.options is checked against these before anything is built."""
+    import inspect
+
+    parameters = inspect.signature(env_class(name, backend).__init__).parameters.values()
+    names = tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY and not p.name.startswith("_"))
+    return (*names, "backend") if name == "webshop" else names
 
 
 def from_config(env) -> Env:
@@ -44,17 +70,7 @@ def make(name: str, split: str = "train", seed: int = 0, **options: Any) -> Env:
             f"unknown split={split!r} for environment {name!r}; "
             f"expected one of {list(SPLITS[name])}"
         )
-    if name == "alfworld":
-        from orsd.envs.alfworld import AlfworldEnv
-
-        return AlfworldEnv(split=split, seed=seed, **options)
-    backend = options.pop("backend", "generated")
-    if backend == "generated":
-        from orsd.envs.webshop import WebShopEnv
-
-        return WebShopEnv(split=split, seed=seed, **options)
-    if backend == "real":
-        from orsd.envs.webshop.real import WebShopRealEnv
-
-        return WebShopRealEnv(split=split, seed=seed, **options)
-    raise ValueError(f"unknown webshop backend={backend!r}; expected 'generated' or 'real'")
+    backend = options.pop("backend", "generated") if name == "webshop" else "generated"
+    if backend not in ("generated", "real"):
+        raise ValueError(f"unknown webshop backend={backend!r}; expected 'generated' or 'real'")
+    return env_class(name, backend)(split=split, seed=seed, **options)

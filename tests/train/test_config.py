@@ -35,9 +35,9 @@ def test_file_layers_on_paper_defaults_not_on_the_cpu_default(tmp_path):
 
 def test_overrides_parse_yaml_values():
     config = load_config(None, ["rubric.num_bundles=2", "rubric.alpha=0.05", "method.name=grpo",
-                                "optim.betas=[0.8, 0.9]", "env.options={foo: 1}"])
+                                "optim.betas=[0.8, 0.9]", "env.options={results_per_page: 6}"])
     assert config.rubric.num_bundles == 2 and config.rubric.alpha == 0.05 and config.method.name == "grpo"
-    assert config.optim.betas == [0.8, 0.9] and config.env.options == {"foo": 1}
+    assert config.optim.betas == [0.8, 0.9] and config.env.options == {"results_per_page": 6}
 
 
 def test_int_is_accepted_for_float():

@@ -19,6 +19,11 @@ from .schema import Config
 #: keys renamed by the method/house rework; old configs keep working for one release (with a warning)
 RENAMED = {"rubric.mode": "method.name", "verifier.mode": "verifier.granularity"}
 
+#: the embedded default (default.yaml) is the shop's; when the command line moves env.name to
+#: another env, that env's file goes on top of it, before the overrides, so that
+#: `orsd-train env.name=alfworld` does not run ALFWorld with the shop's options and horizon
+ENV_DEFAULTS = {"alfworld": "default_alfworld.yaml"}
+
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
     """Check (and gently convert: int -> float, YAML scalars from the CLI) one value."""
@@ -226,11 +231,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
     `section.key=value` overrides. Every error is a ConfigError that says where the value came from."""
     config = Config()
     layers = [_file_layer(base)] if base is not None else []
+    commands = [_override_layer(item) for item in overrides]
     if path is not None:
         layers.append(_file_layer(path))
     elif base is None:
         layers.append(_text_layer(default_yaml(), "orsd/train/default.yaml"))
-    layers += [_override_layer(item) for item in overrides]
+        env_default = ENV_DEFAULTS.get(_env_name(commands))
+        if env_default:
+            layers.append(_text_layer(default_yaml(env_default), f"orsd/train/{env_default}"))
+    layers += commands
     origin: dict[str, str] = {}
     for layer in layers:
         data = _rename_legacy(layer) if isinstance(layer.data, dict) else layer.data
@@ -245,6 +254,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), base:
         raise error.at(origin.get(error.key)) from None
 
 
+def _env_name(commands: list[_Layer]) -> str | None:
+    """env.name as the command line leaves it (env.name=x or env={name: x}; the last one wins)."""
+    name = None
+    for layer in commands:
+        env = layer.data.get("env") if isinstance(layer.data, dict) else None
+        if isinstance(env, dict) and isinstance(env.get("name"), str):
+            name = env["name"]
+    return name
+
+
 def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 
@@ -253,8 +272,9 @@ def to_yaml(config: Config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-def default_yaml() -> str:
-    """What `orsd-train` runs with no arguments: the embedded CPU default (orsd/train/default.yaml)."""
+def default_yaml(name: str = "default.yaml") -> str:
+    """What `orsd-train` runs with no arguments: the embedded CPU default (orsd/train/default.yaml),
+    or the file of ENV_DEFAULTS laid over it for another env."""
     from importlib import resources
 
-    return resources.files("orsd.train").joinpath("default.yaml").read_text()
+    return resources.files("orsd.train").joinpath(name).read_text()

@@ -61,7 +61,8 @@ class EnvConfig:
     max_history_turns: int = doc(0, "earlier turns kept in the prompt (0 = all: the paper's full history)", ge=0)
     prompt: str = doc("full", "system prompt style: full | compact (shorter, for small models and budgets)",
                       choices=("full", "compact"))
-    options: dict = doc({}, "extra keyword options passed to orsd.envs.make",
+    options: dict = doc({}, "keyword options of env.name's constructor, passed to orsd.envs.make (an option of "
+                        "the other env is refused; orsd.envs.option_names lists them)",
                         text="a mapping of option names (strings) to values")
 
 
@@ -358,6 +359,7 @@ class Config:
             ("env.split", env.split in splits, f"a split of {env.name}: {' | '.join(splits)}"),
             ("env.eval_split", env.eval_split in ("", *splits), f"'' or a split of {env.name}: {' | '.join(splits)}"),
             ("env.options", all(isinstance(k, str) for k in env.options), "a mapping with option names as keys"),
+            ("env.options", _env_option_problem(env) is None, _env_option_problem(env)),
             ("rollout.max_context_tokens", self.rollout.max_context_tokens > self.rollout.max_new_tokens,
              f"more than rollout.max_new_tokens={self.rollout.max_new_tokens} (the prompt gets the difference)"),
             ("rubric.no_repeat_ngram_size", self.rubric.no_repeat_ngram_size == 0 or self.rollout.engine == "hf",
@@ -396,6 +398,22 @@ def _shown(key: str, value: Any) -> str:
         if password:
             value = value.replace(f":{password}@", ":***@")
     return repr(value)
+
+
+def _env_option_problem(env: EnvConfig) -> str | None:
+    """Why env.options does not fit env.name's constructor, or None: an option of the other env
+    (the shop's results_per_page under alfworld) would reach it as a TypeError deep in the build."""
+    from orsd.envs import option_names  # reads the env class's signature; loads no data
+
+    backend = env.options.get("backend", "generated") if env.name == "webshop" else "generated"
+    if backend not in ("generated", "real"):
+        return "the webshop backend 'generated' or 'real'"
+    names = option_names(env.name, backend)
+    unknown = [key for key in env.options if key not in names]
+    if not unknown:
+        return None
+    return (f"options of env.name={env.name}: {' | '.join(names)} ({', '.join(map(repr, unknown))} "
+            f"{'is' if len(unknown) == 1 else 'are'} not one)")
 
 
 def _is_file_or_empty(path: str) -> bool:
