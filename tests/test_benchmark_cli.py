@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # script -> the function main() calls first with the overrides (patched: nothing may be built)
 SCRIPTS = {"step": "load_config", "bundle_window": "load_config", "placement": "load_config",
-           "rubric_pass": "load_config", "distill_cost": "load_config", "default_run": "run"}
+           "rubric_pass": "load_config", "distill_cost": "load_config", "default_run": "run",
+           "control_pass": "load_config"}
 
 
 class Reached(Exception):
@@ -46,7 +47,8 @@ def test_help_prints_the_docstring_and_builds_nothing(script, capsys):
     assert script.__doc__.splitlines()[0] in out
 
 
-@pytest.mark.parametrize("script", ["step", "bundle_window", "placement", "rubric_pass"], indirect=True)
+@pytest.mark.parametrize("script", ["step", "bundle_window", "placement", "rubric_pass", "control_pass"],
+                         indirect=True)
 @pytest.mark.parametrize("rounds", ["0", "-1", "two"])
 def test_a_bad_rounds_is_refused_naming_the_option(script, rounds, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -69,7 +71,7 @@ def test_bad_drafts_are_refused_naming_the_option(script, drafts, capsys):
 # each script's own options, to mix with the overrides
 OPTIONS = {"step": ["--rounds", "3", "--flops"], "bundle_window": ["--drafts", "0,4", "--rounds", "1"],
            "placement": ["--rounds", "1"], "rubric_pass": ["--rounds", "1"], "distill_cost": [],
-           "default_run": ["--run-dir", "/tmp/x"]}
+           "default_run": ["--run-dir", "/tmp/x"], "control_pass": ["--rounds", "1", "--kind", "shuffled"]}
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS), indirect=True)

@@ -240,17 +240,39 @@ def shared_stems(prompts: list[list[int]], first: list[int], served: list[tuple]
     after `start` for all but one prompt of the set, kept where that is more than one more forward
     costs (PAD_TOKENS). In paired replay's rubric pass these are a group's records whose contexts
     agree up to the slot (the N first turns at least): the rubric and what follows the slot up to
-    the response, forwarded once instead of once per record."""
+    the response, forwarded once instead of once per record. Where a set's prompts part before any
+    needs a position, one stem per branch instead where that saves more: B*'s rows and the control's
+    (rubric.delta_baseline) then each forward their own message once."""
     sets: dict[tuple[int, int], list[int]] = {}
     for p, index, start in served:
         sets.setdefault((index, start), []).append(p)
     stems = []
     for (index, start), members in sets.items():
-        common = os.path.commonprefix([prompts[p] for p in members])  # element by element: lists of ids too
-        end = min(min(first[p] for p in members), len(common))
-        if (len(members) - 1) * (end - start) > PAD_TOKENS:
-            stems.append((prompts[members[0]][:end], index, start))
+        # one stem for the whole set, or one per branch where its prompts part before any needs a
+        # position (with rubric.delta_baseline, B*'s rows and the control's share only the
+        # template's header; each side shares its whole message): whichever saves more tokens
+        options = [[members], _branches(prompts, members)]
+        saved = [[(_stem_end(prompts, first, branch, start), branch) for branch in option] for option in options]
+        best = max(saved, key=lambda option: sum((len(b) - 1) * (end - start) for end, b in option))
+        stems += [(prompts[branch[0]][:end], index, start) for end, branch in best
+                  if (len(branch) - 1) * (end - start) > PAD_TOKENS]
     return stems
+
+
+def _stem_end(prompts: list[list[int]], first: list[int], members: list[int], start: int) -> int:
+    """Where the prompts of `members` part (element by element: lists of ids too), or the first
+    position any of them needs, whichever comes first (never before `start`)."""
+    common = os.path.commonprefix([prompts[p] for p in members])
+    return max(start, min(min(first[p] for p in members), len(common)))
+
+
+def _branches(prompts: list[list[int]], members: list[int]) -> list[list[int]]:
+    """`members` grouped by their token where their prompts part (a prompt that ends there alone)."""
+    common = len(os.path.commonprefix([prompts[p] for p in members]))
+    groups: dict[int | None, list[int]] = {}
+    for p in members:
+        groups.setdefault(prompts[p][common] if common < len(prompts[p]) else None, []).append(p)
+    return list(groups.values())
 
 
 def bottom_states(model, sequences: list[list[int]], split: int, token_budget: int = 0,

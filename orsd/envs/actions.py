@@ -25,6 +25,10 @@ import re
 _OPEN_TAG = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _CLOSE_TAG = re.compile(r"<\s*/\s*action\s*>", re.IGNORECASE)
 _WHITESPACE = re.compile(r"\s+")
+# The answer format's scaffold (orsd/envs/prompts.py asks for <think>...</think><action>...</action>):
+# its four tags spelled as parse_action accepts the action ones (any case, whitespace inside the
+# brackets), with the whitespace around them
+_SCAFFOLD = re.compile(r"\s*<\s*/?\s*(?:think|action)\s*>\s*", re.IGNORECASE)
 
 
 def parse_action(text: str) -> str | None:
@@ -40,6 +44,15 @@ def parse_action(text: str) -> str | None:
         return None
     command = _WHITESPACE.sub(" ", text[start:end]).strip()
     return command or None
+
+
+def scaffold_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each stretch of the reply that the answer format fixes rather than the policy
+    chooses: a think or action tag with the whitespace around it (rubric.delta_mask: format keeps
+    the rubric's Δ off the tokens that spell them, orsd/train/delta.py)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (the policy's reply), got {type(text).__name__}")
+    return [match.span() for match in _SCAFFOLD.finditer(text)]
 
 
 def format_answer(action: str, thought: str = "") -> str:

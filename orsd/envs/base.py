@@ -102,6 +102,12 @@ class Env(abc.ABC):
         """The commands valid now, where the environment exposes them (ALFWorld does)."""
         return None
 
+    def random_action(self, rng: random.Random) -> str | None:
+        """A command valid now, drawn with `rng` (the warm start's noise: a wrong step the expert
+        then recovers from); by default one of `admissible_actions()`, None where there are none."""
+        admissible = self.admissible_actions()
+        return rng.choice(admissible) if admissible else None
+
     @abc.abstractmethod
     def fork(self) -> "Env":
         """A new env sharing this one's read-only data but no episode state."""

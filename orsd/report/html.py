@@ -194,8 +194,10 @@ def group_html(group: dict) -> str:
     example = group.get("delta_example")
     if example:
         trajectory = example.get("trajectory")
+        control = (group.get("control") or {}).get("kind")  # rubric.delta_baseline: against a control context
+        against = f"log π with the {escape(control)} control" if control else "log π without"
         parts.append(f"<p>Per-token Δ of trajectory {fmt(trajectory)}'s responses "
-                     "(Δ = log π with B* − log π without):</p>" + delta_heatmap(example))
+                     f"(Δ = log π with B* − {against}):</p>" + delta_heatmap(example))
     elif group.get("selected") is not None:
         parts.append('<p class="muted">no Δ example stored for this group.</p>')
     parts.append(transcripts_html(group))

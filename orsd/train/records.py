@@ -74,10 +74,11 @@ def _clean(x: Any) -> Any:
 
 
 def group_record(group: Group, advantages: list[float], candidates=None, scores=None, selection=None,
-                 delta_example: dict | None = None) -> dict:
+                 delta_example: dict | None = None, control: dict | None = None) -> dict:
     """One line of groups.jsonl: the task, transcripts, rewards and advantages (Eq. 2), the bundles
     written, their score matrices, ρ and satisfaction (Eq. 5–6), the choice of B* (Eq. 7) and why,
-    the verifier's events, and one trajectory's per-token Δ (Eq. 8) when B* exists."""
+    the verifier's events, one trajectory's per-token Δ (Eq. 8) when B* exists, and the control
+    bundle Δ was measured against (rubric.delta_baseline: its kind, criteria, or why there is none)."""
     bundles = candidates.bundles if candidates is not None else []
     return {
         "task": {"id": group.task.id, "split": group.task.split, "kind": group.task.kind,
@@ -99,4 +100,5 @@ def group_record(group: Group, advantages: list[float], candidates=None, scores=
         "verifier_events": [e.to_dict() if hasattr(e, "to_dict") else dict(vars(e))
                             for r in scores or [] for e in r.events],
         "delta_example": delta_example,
+        "control": control,
     }

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from orsd import ops
 from orsd.engines import frozen, prefill
 
+from . import shaping
 from .head import chunk_logprobs, fused_head, fused_head_serves, head_logprobs
 from .model import autocast, autocast_dtype, trim_heap
 from .records import TurnRecord
@@ -297,6 +298,9 @@ class ReplayResult:
     # (split, per record the states entering layer `split`) from the plain pass, when the layers
     # below `split` are frozen (reuse_frozen): the reference pass and the update start from them
     frozen_states: tuple | None = None
+    grpo_advantages: torch.Tensor | None = None  # [L] A_GRPO on response positions (Eq. 2, the turn's)
+    eligible: torch.Tensor | None = None  # [S] the record had its rubric (and its control) spliced in
+    delta_paper: torch.Tensor | None = None  # [L] with a control: the paper's Δ (lp with − lp plain) where valid
 
 
 @dataclass
@@ -337,7 +341,8 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
                   record_rubrics: list[list[int] | None], alpha: float, temperature: float,
                   token_budget: int, fused: bool = True, lockstep=None, share_prefix: bool = True,
                   reuse_frozen: bool = False, plain: PlainReplay | None = None,
-                  reuse_plain: bool = True) -> ReplayResult:
+                  reuse_plain: bool = True, record_controls: list | None = None,
+                  record_keep: list | None = None) -> ReplayResult:
     """Log-probs of the same response tokens without and with the rubric spliced in at each
     record's slot; their gap Δ shapes the token advantage (paper §3.3).
 
@@ -364,25 +369,30 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     continue at its slot from the kept sequence sharing its longest prefix; only those are
     forwarded. Δ's two terms then read the same numbers for their shared context. `plain` when
     given must have run with keep_prefixes for this to apply.
+
+    `record_controls[s]` (rubric.delta_baseline: train/delta.py, train/shaping.py): a control
+    message exactly as long as record s's rubric; Δ = lp(with rubric) − lp(with control), both
+    spliced at the slot and forwarded in one pass (each control row continues from the same kept
+    keys/values as its rubric's row), e = 0 where either is None. `record_keep[s]`: per response
+    token, False where e = 0 (rubric.delta_mask).
     """
     if plain is None:
         plain = plain_replay(model, records, temperature, token_budget, fused, lockstep, share_prefix, reuse_frozen,
                              keep_prefixes=reuse_plain and any(r is not None for r in record_rubrics))
     packed, old = plain.packed, plain.old_logprobs
-    spliced = splice_privileged(packed, records, record_rubrics)
-    eligible, pos_map = spliced.eligible, spliced.pos_map
+    splices = [splice_privileged(packed, records, privileged)
+               for privileged in (record_rubrics, record_controls) if privileged is not None]
     prefixes, plain.prefixes = (plain.prefixes if reuse_plain else None), None  # held only until the rubric pass
-    if eligible.any() or lockstep:
-        with_rubric = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
-                                      temperature, token_budget, fused, lockstep, share_prefix, prefixes=prefixes)
-    else:
-        pos_map, with_rubric = torch.arange(len(packed.ids)), torch.zeros(len(packed.ids))
-    advantages, delta, valid = ops.shape_advantages(
-        old, with_rubric, pos_map, packed.response_mask, packed.seq_ids,
-        torch.tensor(record_advantages, dtype=torch.float32), float(alpha), eligible)
+    logprobs, bounds = None, []
+    if any(spliced.eligible.any() for spliced in splices) or lockstep:
+        ids, cu, mask, bounds = shaping.joined(splices)
+        logprobs = replay_logprobs(model, ids, cu, mask, temperature, token_budget, fused, lockstep, share_prefix,
+                                   prefixes=prefixes)
+    shaped = shaping.shaped(packed, old, splices, logprobs, bounds, record_advantages, alpha, record_keep)
     rollout = torch.zeros(len(packed.ids))
     rollout[packed.response_mask] = torch.tensor([lp for r in records for lp in r.rollout_logprobs],
                                                  dtype=torch.float32)
     scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
     gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
-    return ReplayResult(packed, old, advantages, delta, valid, gap, rollout, plain.frozen_states)
+    return ReplayResult(packed, old, shaped.advantages, shaped.delta, shaped.valid, gap, rollout, plain.frozen_states,
+                        shaped.grpo, shaped.eligible, shaped.delta_paper)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from orsd import rubric
 from orsd.engines.hf import HfEngine, Sampling
 from orsd.envs.prompts import prompt_templates
 from orsd.methods import Advantages, make_method
 
 from . import bundles as stages
+from . import delta as deltas
 from . import overlap
 from .checkpoint import kill_point
 from .config import Config
@@ -55,6 +55,7 @@ class StepOutputs:
     selection: list  # per group: rubric.Alignment (ρ, satisfaction, index of B*, reason), or None
     replay: ReplayResult
     teacher: Teacher | None = None  # the OPSD family's teacher view of the response tokens
+    controls: list | None = None  # per group: delta.Control (rubric.delta_baseline), or None
 
 
 @dataclass
@@ -124,9 +125,11 @@ class Trainer:
         with stage("align"):  # Eq. 5–7: B* by Spearman ρ (or an ablation's choice)
             selection = (stages.select(groups, candidates, scores, method.selection, self.selection_rng())
                          if method.writes_bundles else [None] * len(groups))
-        with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without, A = A_GRPO + α·e·Δ
-            replay = self.paired_replay(groups, advantages, [
-                method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)], plain)
+        with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without (or − lp_control), A = A_GRPO + α·e·Δ
+            rubrics = [method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)]
+            controls = deltas.control_bundles(cfg.rubric.delta_baseline, candidates, selection, rubrics,
+                                              cfg.train.seed, self.step_index)
+            replay = self.paired_replay(groups, advantages, rubrics, plain, controls)
         with stage("teacher"):  # OPSD family: the privileged teacher on the same response tokens
             teacher = (self.teacher(groups, advantages, candidates, scores, selection, replay)
                        if method.distillation else None)
@@ -139,7 +142,7 @@ class Trainer:
         with timed(seconds, "sync"):
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
-        outputs = StepOutputs(advantages, candidates, scores, selection, replay, teacher)
+        outputs = StepOutputs(advantages, candidates, scores, selection, replay, teacher, controls)
         records = self.group_records(groups, outputs)
         metrics = {**self.step_metrics(groups, outputs), **update_metrics}
         if self.dist is None:
@@ -164,9 +167,16 @@ class Trainer:
     def sample_tasks(self) -> list:
         """This rank's share of the step's `tasks_per_step` tasks. Every rank draws the same tasks
         from the same seeded sampler (its position is part of the checkpoint) and keeps its slice."""
-        count = self.config.rollout.tasks_per_step
-        tasks = [self.env.sample_task(self.task_rng) for _ in range(count)]
+        count, pool = self.config.rollout.tasks_per_step, self.task_pool()
+        tasks = [self.env.sample_task(self.task_rng) if pool is None else pool[self.task_rng.randrange(len(pool))]
+                 for _ in range(count)]
         return tasks[self.group_offset:self.group_offset + count // self.world_size]
+
+    def task_pool(self) -> list | None:
+        """env.train_tasks tasks of the training split (Env.task_pool: the same for every seed and
+        method), or None when the run samples the whole split (the paper)."""
+        size = self.config.env.train_tasks
+        return self.env.task_pool(size) if size else None
 
     @property
     def group_offset(self) -> int:
@@ -212,29 +222,18 @@ class Trainer:
                             keep_prefixes=cfg.replay.reuse_plain and self.method.writes_bundles)
 
     def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list,
-                      plain: PlainReplay | None = None) -> ReplayResult:
-        """Per record: its turn advantage and the ids of its group's rubric message (None where the
-        group has none or it does not fit the context budget: e = 0 there). `plain`: the plain pass
-        when it already ran (plain_pass)."""
+                      plain: PlainReplay | None = None, controls: list | None = None) -> ReplayResult:
+        """Per record: its turn advantage and the ids of its group's rubric message and control (None
+        where the group has none or they do not fit the context budget: e = 0 there; delta.replay_inputs).
+        `plain`: the plain pass when it already ran (plain_pass)."""
         cfg = self.config
-        records, record_advantages, record_rubrics = [], [], []
-        for group, bundle, group_advantages in zip(groups, rubrics, advantages.turn):
-            ids = None
-            if bundle is not None:
-                text = rubric.rubric_context(bundle, template=cfg.rubric.context_template or None)
-                ids = stages.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
-            for trajectory, turn_advantages in zip(group.trajectories, group_advantages):
-                for record, advantage in zip(trajectory.records, turn_advantages):
-                    fits = (ids is not None and record.rubric_slot >= 0
-                            and record.num_tokens + len(ids) <= cfg.rollout.max_context_tokens)
-                    records.append(record)
-                    record_advantages.append(advantage)
-                    record_rubrics.append(ids if fits else None)
-        return paired_replay(self.policy, records, record_advantages, record_rubrics, self.method.alpha,
+        inputs = deltas.replay_inputs(self.tokenizer, cfg, groups, advantages, rubrics, controls)
+        return paired_replay(self.policy, inputs.records, inputs.advantages, inputs.rubrics, self.method.alpha,
                              cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
                              self.replay_lockstep, cfg.replay.share_prefix,
                              reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None, plain=plain,
-                             reuse_plain=cfg.replay.reuse_plain)
+                             reuse_plain=cfg.replay.reuse_plain, record_controls=inputs.controls,
+                             record_keep=inputs.keep)
 
     def reference_logprobs(self, replay: ReplayResult | PlainReplay) -> torch.Tensor:
         if not self.config.optim.kl_coef:
@@ -322,8 +321,9 @@ class Trainer:
     # -- records -----------------------------------------------------------------------------------
     def group_records(self, groups: list[Group], out: StepOutputs) -> list[dict]:
         examples = self.delta_examples(groups, out)
-        return [group_record(g, adv, c, s, sel, ex) for g, adv, c, s, sel, ex
-                in zip(groups, out.advantages.episode, out.candidates, out.scores, out.selection, examples)]
+        controls = [c.to_record() if c is not None else None for c in out.controls or [None] * len(groups)]
+        return [group_record(g, adv, c, s, sel, ex, control) for g, adv, c, s, sel, ex, control
+                in zip(groups, out.advantages.episode, out.candidates, out.scores, out.selection, examples, controls)]
 
     def delta_examples(self, groups: list[Group], out: StepOutputs) -> list[dict | None]:
         """Per-token Δ of the first trajectory of each group with B*, for records and the report."""
@@ -379,7 +379,8 @@ class Trainer:
                                   bundle_drafted=drafts.drafted, bundle_draft_accepted=drafts.accepted))
         if self.verifier is not None and hasattr(self.verifier, "stats"):
             metrics.update(tagged("counters", verifier=self.verifier.stats(reset=True)))  # this step's accounting
-        for name, (value, reduce) in self.method.step_metrics(groups).items():  # e.g. GiGPO's anchor share
+        for name, (value, reduce) in {**deltas.shaping_metrics(replay, self.method.alpha),  # α·Δ against A_GRPO
+                                      **self.method.step_metrics(groups)}.items():  # e.g. GiGPO's anchor share
             metrics.update(tagged(reduce, **{name: value}))
         for name, (value, reduce) in (out.teacher.metrics if out.teacher is not None else {}).items():
             metrics.update(tagged(reduce, **{name: value}))

@@ -89,9 +89,10 @@ def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript
 
 
 def play(env, task, rng: random.Random, noise: float, max_actions: int, context_of=None):
-    """One episode led by the expert; with probability `noise` a random admissible command is
-    executed instead (the label stays the expert's). Returns the trajectory and, when
-    `context_of` is given, (context ids, expert command) per turn."""
+    """One episode led by the expert; with probability `noise` a random valid command
+    (`Env.random_action`: one of ALFWorld's admissible commands, a shop page's search or click) is
+    executed instead (the label stays the expert's, so the next turns show the recovery). Returns
+    the trajectory and, when `context_of` is given, (context ids, expert command) per turn."""
     episode = env.fork()
     trajectory = Trajectory(task=task, observations=[episode.reset(task)], actions=[])
     turns, done = [], False
@@ -99,8 +100,7 @@ def play(env, task, rng: random.Random, noise: float, max_actions: int, context_
         expert = episode.expert_action()
         if context_of is not None:
             turns.append((context_of(episode, trajectory), expert))
-        admissible = episode.admissible_actions()
-        action = rng.choice(admissible) if noise and admissible and rng.random() < noise else expert
+        action = (episode.random_action(rng) or expert) if noise and rng.random() < noise else expert
         observation, done, _ = episode.step(action)
         trajectory.actions.append(action)
         trajectory.observations.append(observation)

@@ -154,6 +154,21 @@ class WebShopEnv(Env):
             return ["search[<query>]"]
         return [f"click[{label}]" for label in available["clickables"]]
 
+    def random_action(self, rng) -> str | None:
+        """A valid command drawn with `rng` whatever `list_admissible` says (the shop knows its
+        valid commands on every page): on the search page a search for another task's product (its
+        results rarely hold one the goal accepts, so the expert goes back to search), elsewhere a
+        click on the page, but not Buy Now, whose random purchase would end the episode with
+        nothing left to recover from."""
+        if self.goal is None or self.done:
+            return None
+        available = self.available_actions()
+        if available["has_search_bar"]:
+            other = rng.choice(self._tasks[self.split])
+            return f"search[{other.payload['goal']['search_text']}]"
+        labels = [label for label in available["clickables"] if label != BUY_NOW]
+        return f"click[{rng.choice(labels)}]" if labels else None
+
     def step(self, action: str | None) -> tuple[str, bool, dict[str, Any]]:
         if self.goal is None:
             raise RuntimeError("no episode: call reset(task) before step")

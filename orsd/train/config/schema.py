@@ -22,6 +22,12 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def delta_baselines() -> tuple[str, ...]:
+    from orsd.rubric.controls import CONTROLS  # the controls own their names; imported late like the methods
+
+    return CONTROLS
+
+
 @dataclass
 class ModelConfig:
     path: str = doc("smollm2-135m", "policy: a HF model dir, or 'smollm2-135m' (the offline model "
@@ -61,6 +67,9 @@ class EnvConfig:
     max_history_turns: int = doc(0, "earlier turns kept in the prompt (0 = all: the paper's full history)", ge=0)
     prompt: str = doc("full", "system prompt style: full | compact (shorter, for small models and budgets)",
                       choices=("full", "compact"))
+    train_tasks: int = doc(0, "a fixed pool of training tasks: every step samples from this many tasks of env.split, "
+                           "the same ones for every seed and method (a seeded draw independent of train.seed; "
+                           "0 = the whole split, the paper)", ge=0)
     options: dict = doc({}, "keyword options of env.name's constructor, passed to orsd.envs.make (an option of "
                         "the other env is refused; orsd.envs.option_names lists them)",
                         text="a mapping of option names (strings) to values")
@@ -168,6 +177,16 @@ class RubricConfig:
     no_repeat_ngram_size: int = doc(0, "hf engine only: ban repeated n-grams of this size in bundles "
                                     "(0 = off, the paper; bundle tokens are never trained on)", ge=0,
                                     text="0, or a size >= 1 with rollout.engine=hf (vLLM cannot ban n-grams)")
+    # issue 60, beyond the paper: what Δ is measured against, and where it applies (docs/training.md)
+    delta_baseline: str = doc("none", "what the rubric pass is compared with: none (the paper: delta = lp with B* - lp "
+                              "plain) | a control bundle of B*'s form and exact token count, spliced at the same "
+                              "slot, delta = lp with B* - lp with the control: content_free (content-free criteria) "
+                              "| rejected (the group's lowest-rho other candidate) | shuffled (other groups' "
+                              "criteria); e = 0 where there is no control. Methods that write bundles (orsd, its "
+                              "ablations, static_rubric); the OPSD family is unaffected", choices=delta_baselines)
+    delta_mask: str = doc("none", "response tokens that get e = 0: none (the paper) | format (the answer format's "
+                          "<think>, </think>, <action>, </action> tags, which every reply writes)",
+                          choices=("none", "format"))
 
 
 @dataclass
