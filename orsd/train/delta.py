@@ -7,9 +7,9 @@ also gets a control bundle (orsd/rubric/controls.py), rendered by the same templ
 exactly as many tokens as B*'s message (`control_ids`) and spliced at the same slot, so its
 response tokens sit at the same positions as under B*; Δ = lp(· | context + B*) − lp(· | context +
 control). Both contexts are forwarded in one no-grad pass (train/shaping.py: the control's rows
-continue from the same kept plain keys/values as B*'s). With `rubric.delta_mask: format`, the response
-tokens that only spell the answer format's tags get e = 0 (`format_keep`). `shaping_metrics` says
-how large α·e·Δ is against A_GRPO on every step.
+continue from the same kept plain keys/values as B*'s). With `rubric.delta_mask: format`, the
+response tokens that only spell the answer format's tags get e = 0 (`format_keep`).
+`shaping_metrics` says how large α·e·Δ is against A_GRPO on every step.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def control_ids(tokenizer, bundle: rubric.RubricBundle, length: int, template: s
         body = ids[len(opening):len(ids) - len(closing)]
         if len(body) >= room:
             return opening + body[:room] + closing
+        if pads > room:  # a template that drops what is added to the message: it cannot be padded
+            return None
         pads += 1 + (room - len(body)) // 12  # a content-free sentence is 9-22 tokens
 
 

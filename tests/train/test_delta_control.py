@@ -228,21 +228,22 @@ def test_the_control_pass_equals_whole_forwards_of_both_spliced_contexts(tiny_mo
     plain = plain_replay(tiny_model, records, 1.0, 4096, share_prefix=share_prefix, keep_prefixes=reuse_plain)
     out = paired_replay(tiny_model, records, advantages, record_rubrics, 0.25, 1.0, 4096, share_prefix=share_prefix,
                         plain=plain, reuse_plain=reuse_plain, record_controls=record_controls)
-    for s, record in enumerate(records):
-        span = slice(int(out.packed.cu_seqlens[s]) + len(record.context_ids), int(out.packed.cu_seqlens[s + 1]))
-        if record_rubrics[s] is None or record_controls[s] is None:
-            assert not out.valid[span].any() and (out.advantages[span] == advantages[s]).all()
-            continue
+    def span(s):
+        return slice(int(out.packed.cu_seqlens[s]) + len(records[s].context_ids), int(out.packed.cu_seqlens[s + 1]))
+
+    for s in (5, 6):  # no rubric, no control: e = 0, A = A_GRPO
+        assert not out.valid[span(s)].any() and (out.advantages[span(s)] == advantages[s]).all()
+    for s, record in enumerate(records[:5]):
         def at(privileged):
             return record.context_ids[:record.rubric_slot] + privileged + record.context_ids[record.rubric_slot:]
         with_rubric = hand_lp(tiny_model, at(record_rubrics[s]), record.response_ids)
         with_control = hand_lp(tiny_model, at(record_controls[s]), record.response_ids)
         plain_lp = hand_lp(tiny_model, record.context_ids, record.response_ids)
-        assert out.valid[span].all()
-        assert out.delta[span].double() == pytest.approx(with_rubric - with_control, abs=4e-5)
-        assert out.delta_paper[span].double() == pytest.approx(with_rubric - plain_lp, abs=4e-5)
-        assert out.advantages[span].double() == pytest.approx(advantages[s] + 0.25 * (with_rubric - with_control),
-                                                              abs=2e-5)
+        assert out.valid[span(s)].all()
+        assert out.delta[span(s)].double() == pytest.approx(with_rubric - with_control, abs=4e-5)
+        assert out.delta_paper[span(s)].double() == pytest.approx(with_rubric - plain_lp, abs=4e-5)
+        assert out.advantages[span(s)].double() == pytest.approx(
+            advantages[s] + 0.25 * (with_rubric - with_control), abs=2e-5)
         assert (with_rubric - with_control).abs().max() > 1e-4
     assert out.eligible.tolist() == [True, True, True, True, True, False, False]
 
@@ -355,3 +356,34 @@ def test_the_joined_pass_shares_b_stars_and_the_controls_stems_as_two_passes_wou
     assert joined.valid.sum() > 0 and torch.equal(joined.valid, whole.valid)
     torch.testing.assert_close(joined.delta, whole.delta, rtol=0, atol=4e-5)
     torch.testing.assert_close(joined.delta_paper, whole.delta_paper, rtol=0, atol=4e-5)
+
+
+def content_free_step(method, model, tokenizer, tmp_path):
+    from test_step import ScriptedVerifier, make_trainer
+
+    rubric_file = tmp_path / "rubric.yaml"
+    rubric_file.write_text("- The agent searches with the task's words.\n- The agent buys a matching item.\n")
+    config = small_config(f"method.name={method}", "rubric.delta_baseline=content_free",
+                          f"method.rubric_file={rubric_file}" if method == "static_rubric" else "rubric.alpha=0.01")
+    return make_trainer(config, model, tokenizer, ScriptedVerifier()).step()  # grpo_opsd selects B* by ρ
+
+
+@pytest.mark.parametrize("method", ["single_bundle", "random_bundle", "offline_rubric", "static_rubric"])
+def test_the_switch_acts_alike_in_every_method_that_writes_bundles(method, tiny_model, tiny_tokenizer, tmp_path):
+    """content_free in the ablations and static_rubric: each group has its B* (these methods use their
+    bundle whatever the rewards), so each gets a control and every reply token a Δ against it."""
+    result = content_free_step(method, tiny_model, tiny_tokenizer, tmp_path)
+    assert all(c is not None and c.bundle is not None for c in result.outputs.controls)
+    assert [r["control"]["kind"] for r in result.records] == ["content_free"] * len(result.records)
+    replay = result.outputs.replay
+    assert replay.valid[replay.packed.response_mask].all()
+    assert "delta_paper_mean" in result.metrics and not torch.equal(replay.delta, replay.delta_paper)
+
+
+@pytest.mark.parametrize("method", ["grpo_opsd", "grpo"])
+def test_the_opsd_family_and_grpo_are_unaffected(method, tiny_model, tiny_tokenizer, tmp_path):
+    """The OPSD family's teacher splices its own context (no Δ pass); GRPO has no rubric: no control."""
+    result = content_free_step(method, tiny_model, tiny_tokenizer, tmp_path)
+    assert result.outputs.controls == [None] * len(result.groups)
+    assert all(r["control"] is None for r in result.records)
+    assert "delta_paper_mean" not in result.metrics and not result.outputs.replay.valid.any()
