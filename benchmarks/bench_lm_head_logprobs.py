@@ -2,7 +2,7 @@
 against the two torch ways in the same run, one training step each (forward, then lp.sum()
 backward into hidden and the head; the entropy is a metric, as in orsd.train.replay):
 
-  torch_chunked  what orsd.train.replay.train_logprobs does today: token chunks of 1,024 under
+  torch_chunked  what orsd.train.forward.train_logprobs does today: token chunks of 1,024 under
                  torch.utils.checkpoint, logits = hidden @ W.T (bf16) -> .float() -> log_softmax;
   torch_full     the plain way: all T x V logits at once, same math;
   orsd_own       the op with our own GEMM kernels forced, next to the `orsd` row's default choice:
@@ -48,7 +48,7 @@ except ImportError:  # an optional anchor: its rows are left out
     linear_cross_entropy = None
 
 V = 151_936
-CHUNK_TOKENS = 1024  # orsd.train.replay.train_logprobs' default
+CHUNK_TOKENS = 1024  # orsd.train.forward.train_logprobs' default
 QUICK_CASES = [(512, 256)]  # (T, H): --orsd-quick runs only this one
 CPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 256), (32_768, 128)]
 GPU_CASES = QUICK_CASES + [(2048, 2048), (16_384, 2048), (32_768, 2048)]

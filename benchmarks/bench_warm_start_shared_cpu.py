@@ -81,7 +81,8 @@ def measure_decode(new_tokens: int, spin: bool) -> dict:
         sleeping_openmp_threads()
     import torch
 
-    from orsd.engines.hf import HfEngine, Sampling
+    from orsd.engines.base import Sampling
+    from orsd.engines.hf import HfEngine
     from orsd.train.config import load_config
     from orsd.train.model import autocast, load_policy, load_tokenizer
 

@@ -2,7 +2,7 @@
 weighs on both): the default's policy after its warm start, one rollout whose groups all write
 bundles, then for each `rubric.draft_tokens` value in turn, `--rounds` times:
 
-- the bundle window as a step runs it (`overlap.write_beside_plain`: bundles on one thread beside
+- the bundle window as a step runs it (`Trainer.bundles_beside_plain`: bundles on one thread beside
   the plain pass on the other, where it serves);
 - the bundles alone on all threads (`Trainer.write_bundles`), with what drafting bought.
 
@@ -25,7 +25,6 @@ sleeping_openmp_threads()  # as orsd-train runs: before torch is imported
 
 import torch  # noqa: E402
 
-from orsd.train import overlap  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
@@ -60,14 +59,16 @@ def main(argv: list[str]) -> dict:
             trainer.config.rubric.draft_tokens = count
             with autocast(trainer.policy, config.model.autocast):
                 start = time.perf_counter()
-                if overlap.serves(trainer):
-                    candidates, _ = overlap.write_beside_plain(trainer, copy.deepcopy(groups))
+                if trainer.overlaps():
+                    drawn = copy.deepcopy(groups)
+                    request = trainer.method.bundle_request(drawn)
+                    candidates, _ = trainer.bundles_beside_plain(request, drawn)
                     window = time.perf_counter() - start
                 else:
                     candidates, window = None, None
                 trainer.engine.take_draft_stats()
                 start = time.perf_counter()
-                alone = trainer.write_bundles(copy.deepcopy(groups), config.rubric.num_bundles, trainer.method.bundle_writer)
+                alone = trainer.write_bundles(trainer.method.bundle_request(copy.deepcopy(groups)))
                 alone_seconds = time.perf_counter() - start
             stats = trainer.engine.take_draft_stats()
             run = {"draft_tokens": count, "window_seconds": window, "bundles_alone_seconds": alone_seconds,

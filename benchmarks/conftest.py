@@ -16,14 +16,22 @@ allocates beyond its inputs, outputs included.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+
+# the gpu marker and the peak-RSS measure are tests/helpers' (shared with the test suite); tests/ is on
+# sys.path under pytest (pyproject's pythonpath) but not when a script here imports this file
+_TESTS = str(Path(__file__).resolve().parents[1] / "tests")
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+from helpers.gpu import GPU_MARKER, skip_gpu_items_without_cuda  # noqa: E402
+from helpers.memory import peak_rss_growth_kib  # noqa: E402
 
 _ROWS_KEY = pytest.StashKey[list]()
 
@@ -44,40 +52,16 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.stash[_ROWS_KEY] = []
-    config.addinivalue_line(
-        "markers", "gpu: needs a CUDA device (skipped when torch.cuda.is_available() is False)"
-    )
+    config.addinivalue_line("markers", GPU_MARKER)
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_items_without_cuda(items)
 
 
 @pytest.fixture
 def quick(request) -> bool:
     return request.config.getoption("--orsd-quick")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _release_free_heap() -> None:
-    """Give freed malloc memory back to the OS (glibc malloc_trim), so an allocation that reuses
-    it page-faults again and shows in the peak RSS instead of hiding in already-resident heap."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def peak_extra_bytes(fn, device: torch.device) -> int | None:
@@ -89,15 +73,8 @@ def peak_extra_bytes(fn, device: torch.device) -> int | None:
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    _release_free_heap()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # VmHWM := current RSS
-    except OSError:
-        return None
-    before = _status_kib("VmRSS")
-    fn()
-    return max(0, _status_kib("VmHWM") - before) * 1024
+    growth = peak_rss_growth_kib(fn)  # malloc_trim first; None where /proc/self/clear_refs is not writable
+    return None if growth is None else max(0, growth) * 1024
 
 
 class OpBench:

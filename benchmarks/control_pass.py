@@ -36,7 +36,7 @@ from orsd.train import bundles, delta  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
-from orsd.train.replay import paired_replay, plain_replay  # noqa: E402
+from orsd.train.replay import ReplaySpec, paired_replay, plain_replay  # noqa: E402
 from rubric_pass import counted  # noqa: E402
 from step import differing_rollout  # noqa: E402
 
@@ -72,12 +72,12 @@ def main(argv: list[str]) -> dict:
     with autocast(trainer.policy, config.model.autocast), torch.no_grad():
         for _ in range(args.rounds):
             for name, with_control in (("paper", None), ("control", record_controls)):
-                plain = plain_replay(trainer.policy, records, temperature, budget, keep_prefixes=True)
+                plain = plain_replay(trainer.policy, records, ReplaySpec(temperature, budget), keep_prefixes=True)
                 for key in count:
                     count[key] = 0
                 start = time.perf_counter()
-                result = paired_replay(trainer.policy, records, [0.0] * len(records), rubrics, 1.0, temperature,
-                                       budget, plain=plain, record_controls=with_control)
+                result = paired_replay(trainer.policy, records, [0.0] * len(records), rubrics, 1.0,
+                                       ReplaySpec(temperature, budget), plain=plain, record_controls=with_control)
                 runs[name].append({"seconds": time.perf_counter() - start, **count,
                                    "scored": int(result.valid.sum()),
                                    "delta_abs_mean": float(result.delta[result.valid].abs().mean())})

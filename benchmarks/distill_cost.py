@@ -83,8 +83,11 @@ class Counted(Trainer):
             self.counts[name][1] += int(mask.sum()) if mask is not None else ids.numel()
         return hook
 
-    def write_bundles(self, groups, count, writer):
-        return [Candidates(bundles=[RubricBundle(list(CRITERIA))] * count, texts=["fixed"] * count) for _ in groups]
+    def write_bundles(self, request, engine=None):
+        if request is None:
+            return []
+        return [Candidates(bundles=[RubricBundle(list(CRITERIA))] * request.count, texts=["fixed"] * request.count)
+                for _ in request.groups]
 
     def measured(self, stage, call):
         before = {k: list(v) for k, v in self.counts.items()}

@@ -85,9 +85,9 @@ class StageFlops:
         """Every stage the trainer times, and the native LM-head GEMMs, counted while it holds."""
         from orsd.train import replay, trainer
 
-        fused = importlib.import_module("orsd.ops.fused_token_logprobs")  # the modules, not the functions
+        blas = importlib.import_module("orsd.ops._blas")  # the modules, not the functions
         head = importlib.import_module("orsd.ops.lm_head_logprobs")  # orsd.ops exports under their names
-        timed, call_mkl, launch, plain = trainer.timed, fused._call_mkl, head._launch, replay.plain_replay
+        timed, call_mkl, launch, plain = trainer.timed, blas.call_mkl, head._launch, replay.plain_replay
 
         @contextlib.contextmanager
         def counted_timed(seconds, name):
@@ -108,9 +108,9 @@ class StageFlops:
             with self.bucket("plain pass"):
                 return plain(*args, **kwargs)
 
-        trainer.timed, fused._call_mkl, head._launch = counted_timed, counted_mkl, counted_launch
+        trainer.timed, blas.call_mkl, head._launch = counted_timed, counted_mkl, counted_launch
         replay.plain_replay = counted_plain
         try:
             yield self
         finally:
-            trainer.timed, fused._call_mkl, head._launch, replay.plain_replay = timed, call_mkl, launch, plain
+            trainer.timed, blas.call_mkl, head._launch, replay.plain_replay = timed, call_mkl, launch, plain

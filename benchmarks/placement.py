@@ -32,6 +32,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from orsd import rubric  # noqa: E402
+from orsd.methods import BundleRequest  # noqa: E402
 from orsd.train import bundles  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
@@ -68,7 +69,8 @@ def main(argv: list[str]) -> dict:
     if any(other != responses[0] for other in responses[1:]):
         raise SystemExit("benchmarks/placement.py: the placements' rollouts differ; the comparison needs the same records")
     with autocast(trainer.policy, config.model.autocast):
-        candidates = trainer.write_bundles(copy.deepcopy(groups), r.num_bundles, trainer.method.bundle_writer)
+        request = BundleRequest(copy.deepcopy(groups), r.num_bundles, trainer.method.bundle_writer)
+        candidates = trainer.write_bundles(request)
     # rubric name -> per group its ids (None: the group wrote fewer bundles)
     rubrics = {"generic": [bundles.rubric_ids(tokenizer, RUBRIC, r.context_role)] * len(groups)}
     for k in range(r.num_bundles):
@@ -89,9 +91,7 @@ def main(argv: list[str]) -> dict:
                     plain = trainer.plain_pass(drawn[placement])  # as a step runs it: keys/values kept
                     start = time.perf_counter()
                     result = paired_replay(trainer.policy, recs, [0.0] * len(recs), spliced, 1.0,
-                                           cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
-                                           share_prefix=cfg.replay.share_prefix, reuse_frozen=cfg.replay.reuse_frozen,
-                                           plain=plain, reuse_plain=cfg.replay.reuse_plain)
+                                           trainer.replay_spec, plain=plain)
                     seconds[placement][name].append(time.perf_counter() - start)
                     delta[placement][name] = (result.delta.float(), result.valid)
                     print(json.dumps({"placement": placement, "rubric": name,

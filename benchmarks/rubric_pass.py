@@ -31,7 +31,7 @@ from orsd.train import bundles  # noqa: E402
 from orsd.train.build import build  # noqa: E402
 from orsd.train.config import load_config  # noqa: E402
 from orsd.train.model import autocast  # noqa: E402
-from orsd.train.replay import paired_replay, plain_replay  # noqa: E402
+from orsd.train.replay import ReplaySpec, paired_replay, plain_replay  # noqa: E402
 from step import differing_rollout  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -73,20 +73,21 @@ def main(argv: list[str]) -> dict:
     with autocast(trainer.policy, config.model.autocast), torch.no_grad():
         for _ in range(rounds):
             for name, reuse in (("off", False), ("on", True)):
-                plain = plain_replay(trainer.policy, records, config.rollout.temperature, budget, keep_prefixes=reuse)
+                plain = plain_replay(trainer.policy, records, ReplaySpec(config.rollout.temperature, budget),
+                                     keep_prefixes=reuse)
                 for key in count:
                     count[key] = 0
                 start = time.perf_counter()
                 result = paired_replay(trainer.policy, records, [0.0] * len(records), rubrics, 1.0,
-                                       config.rollout.temperature, budget, plain=plain, reuse_plain=reuse)
+                                       ReplaySpec(config.rollout.temperature, budget, reuse_plain=reuse), plain=plain)
                 runs[name].append({"seconds": time.perf_counter() - start, **count,
                                    "scored": int(result.valid.sum())})
                 delta[name] = result.delta
                 print(name, json.dumps(runs[name][-1]), flush=True)
         # how far Δ moves from Δ of whole padded forwards (share_prefix off: nothing shared, nothing
         # kept), with and without reuse: under bf16 sharing alone moves it (other batch shapes)
-        whole = paired_replay(trainer.policy, records, [0.0] * len(records), rubrics, 1.0, config.rollout.temperature,
-                              budget, share_prefix=False)
+        whole = paired_replay(trainer.policy, records, [0.0] * len(records), rubrics, 1.0,
+                              ReplaySpec(config.rollout.temperature, budget, share_prefix=False))
     hook.remove()
     valid = whole.valid
     gap = {name: {"max": float((d - whole.delta)[valid].abs().max()), "mean": float((d - whole.delta)[valid].abs().mean())}

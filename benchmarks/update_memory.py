@@ -61,7 +61,7 @@ def measure(what: str, tokens: int, response: int, device_name: str, layers: int
 
     from orsd.train.model import autocast_dtype
     from orsd.train.precision import resolve_autocast
-    from orsd.train.replay import _hidden_rows, train_logprobs
+    from orsd.train.forward import _hidden_rows, train_logprobs
 
     device = torch.device(device_name)
     torch.manual_seed(0)

@@ -1,26 +1,18 @@
-"""Suite-wide pytest setup: the `gpu` and `slow` markers; gpu tests skip when CUDA is absent."""
+"""Suite-wide pytest setup: the `gpu` and `slow` markers (gpu tests skip when CUDA is absent), and the
+fixtures every test folder shares: one torch thread, the tiny random Qwen3 and its tokenizer
+(tests/tiny_model.py, no download), SmolLM2's real tokenizer."""
 
 import pytest
+from helpers.gpu import GPU_MARKER, skip_gpu_items_without_cuda
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "gpu: needs a CUDA device (skipped when torch.cuda.is_available() is False)"
-    )
+    config.addinivalue_line("markers", GPU_MARKER)
     config.addinivalue_line("markers", "slow: takes more than ~10 s; still part of the CI run")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not any("gpu" in item.keywords for item in items):
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_items_without_cuda(items)
 
 
 @pytest.fixture
@@ -33,3 +25,25 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from tiny_model import make_tiny_tokenizer
+
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    """A fresh tiny random Qwen3 per test, in train mode."""
+    from tiny_model import make_tiny_qwen3
+
+    return make_tiny_qwen3(tiny_tokenizer).train()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    from orsd.train.model import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")

@@ -21,7 +21,7 @@ from orsd import ops  # noqa: E402
 from orsd.engines import packed  # noqa: E402
 from orsd.train import replay, trainer  # noqa: E402
 
-fused_module = importlib.import_module("orsd.ops.fused_token_logprobs")
+blas_module = importlib.import_module("orsd.ops._blas")
 head_module = importlib.import_module("orsd.ops.lm_head_logprobs")
 
 
@@ -68,7 +68,7 @@ def test_stages_native_heads_and_threads():
     hidden, weight = torch.randn(n, width), torch.randn(vocab, width)
     targets = torch.randint(0, vocab, (n,))
     def patched():
-        return trainer.timed, fused_module._call_mkl, head_module._launch, replay.plain_replay
+        return trainer.timed, blas_module.call_mkl, head_module._launch, replay.plain_replay
 
     originals = patched()
     for dtype in (torch.float32, torch.bfloat16):  # each GEMM's one-time self-test, before counting

@@ -5,7 +5,7 @@ choosing tokens as transformers' `generate` does (n-gram ban, temperature, top-k
 Why not `generate`: it decides what is sampled in ways the config does not say (transformers 5
 applies its default top_k=50 when given none), and it prefills every row even where prompts repeat.
 Here the sampling is exactly the config's, and with the same seed the ids are those transformers
-samples with the same settings (tests/train/test_engines.py checks greedy, temperature, top-k,
+samples with the same settings (tests/engines/test_engines.py checks greedy, temperature, top-k,
 top-p and the n-gram ban against it). Per step it is only a little faster: on the 2-core CPU
 (SmolLM2-135M, bf16 autocast) 0–13% in isolation (6 rollout rows: 6.2 → 5.9 s for 40 tokens; 4
 bundle rows with the n-gram ban: within noise); the model's forward is the same.

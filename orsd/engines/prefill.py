@@ -17,25 +17,7 @@ from . import frozen
 from .tree import PAD_TOKENS, distinct_rows, tree_forward
 
 __all__ = ["PrefixCache", "bottom_states", "continue_from", "lay_into", "serves",
-           "shared_batches", "shared_prefix_hidden", "shared_stems", "supports_tree_prefill", "tree_prefill"]
-
-
-def shared_batches(sequences: list[list[int]], token_budget: int) -> list[list[int]]:
-    """Sequence indices in batches whose forward along their prefix tree takes about `token_budget`
-    tokens or fewer: sorted by their tokens, so that sequences sharing a prefix are neighbours, a
-    batch closes when the next sequence's tokens beyond what it shares with the one before would
-    pass the budget (a single sequence over the budget is a batch alone)."""
-    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
-    batches: list[list[int]] = []
-    cost = 0
-    for i in order:
-        shared = len(os.path.commonprefix([sequences[batches[-1][-1]], sequences[i]])) if batches else 0
-        if not batches or cost + len(sequences[i]) - shared > token_budget:
-            batches.append([])
-            cost, shared = 0, 0
-        batches[-1].append(i)
-        cost += len(sequences[i]) - shared
-    return batches
+           "shared_prefix_hidden", "shared_stems", "supports_tree_prefill", "tree_prefill"]
 
 
 def supports_tree_prefill(cache) -> bool:

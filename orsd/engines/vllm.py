@@ -1,12 +1,15 @@
-"""The `vllm` rollout engine: vLLM generation behind the `hf` engine's interface, with the
-policy's weights pushed into vLLM after every update.
+"""The `vllm` rollout engine: vLLM generation behind the engines' interface (engines/base.py),
+with the policy's weights pushed into vLLM after every update.
 
 Token ids in, sampled ids and their log-probs out (vLLM never sees text: it runs with
-`skip_tokenizer_init`). Log-probs follow engines.py's convention, log_softmax(logits / T) over
+`skip_tokenizer_init`). Log-probs follow engines/base.py's convention, log_softmax(logits / T) over
 the full vocabulary, by running vLLM with `logprobs_mode="processed_logprobs"`; that is exact
 when top_p = 1, while for top_p < 1 vLLM renormalises over the nucleus (see docs/vllm.md).
 vLLM runs in this process by default (V1 multiprocessing off), so a weight push hands tensors
 to the worker's own `load_weights` by reference, bucket by bucket. vLLM is imported lazily.
+
+Over 400 lines because it is one adapter: generation, the in-process worker's setup and the
+weight push share vLLM's version-specific details, which one file keeps in one place.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from .base import Generation, Sampling, stop_ids
 from .decode import check_top_k
-from .hf import Generation, Sampling, _stop_ids
 from .weight_sync import Deadline, WeightSyncTimeout, buckets, gather
 
 __all__ = ["VllmEngine", "WeightSyncTimeout"]
@@ -66,7 +69,7 @@ class VllmEngine:
             generation_config = GenerationConfig.from_pretrained(model_path)
         except OSError:  # no generation_config.json: the tokenizer's eos alone ends a turn
             generation_config = None
-        self.stop_ids = _stop_ids(tokenizer, SimpleNamespace(generation_config=generation_config))
+        self.stop_ids = stop_ids(tokenizer, SimpleNamespace(generation_config=generation_config))
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_model_len = max_model_len

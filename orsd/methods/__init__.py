@@ -3,7 +3,7 @@ what the step does (see base.Method). Add a method by subclassing Method and lis
 
 from __future__ import annotations
 
-from .base import Advantages, Candidates, Method
+from .base import Advantages, BundleRequest, Candidates, Method
 from .cripo import CriPO
 from .gigpo import GiGPO
 from .opsd import OPSD, GRPOOPSD
@@ -35,4 +35,4 @@ def make_method(config) -> Method:
     return cls(config)
 
 
-__all__ = ["METHODS", "Advantages", "Candidates", "Method", "make_method"]
+__all__ = ["METHODS", "Advantages", "BundleRequest", "Candidates", "Method", "make_method"]

@@ -8,7 +8,7 @@ replay, and the weight α of e·Δ in the advantage (paper Eq. 9). No stage test
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,9 +16,16 @@ import torch
 from orsd import ops
 from orsd.rubric import Alignment, RubricBundle
 
-#: `write(groups, count, writer)` generates `count` bundles for each group with the current policy
-#: (writer="policy") or the frozen initial one (writer="initial"); returns one Candidates per group
-BundleWriter = Callable[[Sequence, int, str], list]
+@dataclass
+class BundleRequest:
+    """What a method asks the step to write: `count` bundles for each of `groups`, by the current
+    policy (writer="policy") or the frozen initial one (writer="initial"). The step writes them
+    (train/bundles.py: write_bundles) and hands one Candidates per requested group back to
+    `Method.candidates`."""
+
+    groups: list
+    count: int
+    writer: str
 
 
 @dataclass
@@ -76,14 +83,23 @@ class Method:
         turn = [[[a] * len(t.records) for a, t in zip(values, g.trajectories)] for values, g in zip(episode, groups)]
         return Advantages(episode, turn)
 
-    def write_bundles(self, groups: Sequence, write: BundleWriter) -> list[Candidates]:
-        """One Candidates per group: M bundles by the policy, or a reason why none were written."""
+    def bundle_request(self, groups: Sequence) -> BundleRequest | None:
+        """The bundles this step must write, or None when it writes none (GRPO, a file's rubric)."""
+        if not self.writes_bundles:
+            return None
+        return BundleRequest([g for g in groups if not self._skips(g)], self.num_bundles, self.bundle_writer)
+
+    def candidates(self, groups: Sequence, request: BundleRequest | None, written: list) -> list[Candidates]:
+        """One Candidates per group: the bundles `written` for `request` (one Candidates per requested
+        group, in its order), or a reason why none were written."""
         if not self.writes_bundles:
             return [Candidates(reason="the method writes no bundles") for _ in groups]
-        skip = [self.skips_equal_reward_groups and not g.rewards_differ for g in groups]
-        written = iter(write([g for g, s in zip(groups, skip) if not s], self.num_bundles, self.bundle_writer))
+        written = iter(written)
         return [Candidates(reason="rewards equal within the group: no ρ defined, bundles not generated")
-                if s else next(written) for s in skip]
+                if self._skips(g) else next(written) for g in groups]
+
+    def _skips(self, group) -> bool:
+        return self.skips_equal_reward_groups and not group.rewards_differ
 
     def rubric_for(self, group, candidates: Candidates, selection: Alignment | None) -> RubricBundle | None:
         """The privileged rubric spliced into this group's contexts for paired replay (Eq. 8)."""

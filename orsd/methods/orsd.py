@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orsd.rubric import RubricBundle
 
-from .base import BundleWriter, Candidates, Method
+from .base import BundleRequest, Candidates, Method
 
 
 class ORSD(Method):
@@ -59,9 +59,12 @@ class OfflineRubric(SingleBundle):
         super().__init__(config)
         self.kept: dict[str, Candidates] = {}
 
-    def write_bundles(self, groups: Sequence, write: BundleWriter) -> list[Candidates]:
+    def bundle_request(self, groups: Sequence) -> BundleRequest | None:
         fresh = list({g.task.id: g for g in groups if g.task.id not in self.kept}.values())
-        for group, candidates in zip(fresh, write(fresh, 1, self.bundle_writer)):
+        return BundleRequest(fresh, 1, self.bundle_writer) if fresh else None
+
+    def candidates(self, groups: Sequence, request: BundleRequest | None, written: list) -> list[Candidates]:
+        for group, candidates in zip(request.groups if request else [], written):
             self.kept[group.task.id] = candidates
         return [self.kept[g.task.id] for g in groups]
 

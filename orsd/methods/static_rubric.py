@@ -20,7 +20,7 @@ import yaml
 
 from orsd.rubric import RubricBundle
 
-from .base import BundleWriter, Candidates, Method
+from .base import BundleRequest, Candidates, Method
 
 
 class RubricFileError(ValueError):
@@ -73,8 +73,11 @@ class StaticRubric(Method):
                                   "criteria, or a mapping task id -> list of criteria")
         self.rubrics = load_rubric_file(self.path)
 
-    def write_bundles(self, groups: Sequence, write: BundleWriter) -> list[Candidates]:
-        """The file's rubric for each group's task; nothing is generated (`write` is not called)."""
+    def bundle_request(self, groups: Sequence) -> BundleRequest | None:
+        return None  # nothing is generated: the file holds every group's one candidate
+
+    def candidates(self, groups: Sequence, request: BundleRequest | None, written: list) -> list[Candidates]:
+        """The file's rubric for each group's task."""
         out = []
         for group in groups:
             bundle = self.rubrics if isinstance(self.rubrics, RubricBundle) else self.rubrics.get(group.task.id)

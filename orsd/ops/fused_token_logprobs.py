@@ -5,12 +5,9 @@ kernel (running max from -inf, f64 running sum, the target's logit)."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-
 import torch
 
-from . import _backend, _checks, reference
+from . import _backend, _blas, _checks, reference
 from .token_logprobs import nan_where_scaled_max_overflows
 
 DEFAULT_CHUNK_SIZE = 8192
@@ -50,50 +47,8 @@ def _validate(hidden, weight, targets, mask, temperature, chunk_size):
 
 # ---- f32-output GEMM: out = a @ b.T with a [m, k], b [n, k] -------------------------------------
 # Low-precision inputs must not be rounded back to bf16/f16 at the output (the contract is f32
-# logits from the given values), so the GEMM needs an f32 output.
-
-_mkl_cache: dict[torch.dtype, object] = {}
-
-
-def _mkl_gemm(dtype: torch.dtype):
-    """MKL's cblas_gemm_{bf16bf16,f16f16}f32 as exported by the libtorch_cpu that torch already
-    loaded (bf16/f16 in, f32 out, AVX512-BF16/AMX where present); None when this torch build has
-    no such symbol or it fails a small self-test."""
-    if dtype in _mkl_cache:
-        return _mkl_cache[dtype]
-    function = None
-    symbol = {torch.bfloat16: "cblas_gemm_bf16bf16f32", torch.float16: "cblas_gemm_f16f16f32"}.get(dtype)
-    try:
-        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        function = getattr(library, symbol)
-        function.restype = None
-        function.argtypes = [ctypes.c_int] * 6 + [
-            ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-            ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-        ]  # fmt: skip
-        generator = torch.Generator().manual_seed(0)
-        a = torch.randn(3, 37, generator=generator).to(dtype)
-        b = torch.randn(5, 37, generator=generator).to(dtype)
-        got = torch.empty(3, 5)
-        _call_mkl(function, a, b, got)
-        with torch.autocast("cpu", enabled=False):  # an f32 check even when called under bf16 autocast
-            expected = a.float() @ b.float().T
-        if not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
-            function = None
-    except (OSError, AttributeError, TypeError):
-        function = None
-    _mkl_cache[dtype] = function
-    return function
-
-
-def _call_mkl(function, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    row_major, no_trans, trans = 101, 111, 112  # CBLAS enums
-    m, k = a.shape
-    n = b.shape[0]
-    function(
-        row_major, no_trans, trans, m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), k, 0.0, out.data_ptr(), n
-    )
-
+# logits from the given values), so the GEMM needs an f32 output: MKL's (ops/_blas.py) on CPU,
+# cuBLAS's through torch.mm's out_dtype on CUDA.
 
 _cuda_out_dtype_cache: dict[torch.dtype, bool] = {}
 
@@ -112,10 +67,6 @@ def _cuda_has_f32_out(dtype: torch.dtype, device: torch.device) -> bool:
     return _cuda_out_dtype_cache[dtype]
 
 
-_CBLAS_INT_MAX = 2**31 - 1
-"""MKL's CBLAS (LP64) takes sizes as C int; ctypes would silently wrap anything larger."""
-
-
 def _gemm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """a @ b.T in f32 (into `out` on CPU)."""
     if a.shape[1] == 0:
@@ -130,10 +81,10 @@ def _gemm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tor
         if _cuda_has_f32_out(a.dtype, a.device):
             return torch.mm(a, b.T, out_dtype=torch.float32)
         return torch.mm(a.float(), b.float().T)
-    function = _mkl_gemm(a.dtype)
-    fits_cblas = max(a.shape[0], a.shape[1], b.shape[0]) <= _CBLAS_INT_MAX
+    function = _blas.mkl_gemm(a.dtype)
+    fits_cblas = max(a.shape[0], a.shape[1], b.shape[0]) <= _blas.CBLAS_INT_MAX
     if function is not None and out is not None and fits_cblas:
-        _call_mkl(function, a, b, out)
+        _blas.call_mkl(function, a, b, out)
         return out
     return torch.mm(a.float(), b.float().T, out=out)
 

@@ -9,7 +9,6 @@ torch.autograd.Function ties the two together.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import warnings
 
@@ -17,10 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from . import _backend, _checks
-
-_CBLAS_INT_MAX = 2**31 - 1
-"""The CPU GEMMs (MKL, LP64) take every size as a C int."""
+from . import _backend, _blas, _checks
 
 FALLBACK_CHUNK_TOKENS = 1024
 """Tokens per checkpointed chunk in the pure-torch fallback (bounds its memory to chunk x V)."""
@@ -38,7 +34,7 @@ def lm_head_logprobs(
 ):
     """lp[t] = log_softmax(y[t])[targets[t]] with y = logit_scale * cap(hidden @ weight.T) / temperature,
     cap(z) = softcap * tanh(z / softcap) when softcap > 0 (HF's final_logit_softcapping, then
-    logit_scale, as orsd.train.head.final_logits), differentiable w.r.t. hidden and weight.
+    logit_scale, as soft_cap_and_scale), differentiable w.r.t. hidden and weight.
 
     hidden [T, H] and weight [V, H] (the LM head) share one dtype of f32/f16/bf16; targets [T]
     int64 in [0, V). The logits are f32 from the given values. Returns lp [T] f32, or (lp, entropy)
@@ -83,8 +79,10 @@ def _validate(hidden, weight, targets, temperature, softcap, logit_scale):
     if vocab_size == 0:
         raise ValueError(f"weight: has 0 rows (shape {tuple(weight.shape)}); expected a vocabulary of V >= 1")
     for name, size, what in (("hidden", num_tokens, "T"), ("hidden", hidden_size, "H"), ("weight", vocab_size, "V")):
-        if size > _CBLAS_INT_MAX:
-            raise ValueError(f"{name}: {what} = {size} exceeds {_CBLAS_INT_MAX}, the largest size the GEMMs take")
+        if size > _blas.CBLAS_INT_MAX:
+            raise ValueError(
+                f"{name}: {what} = {size} exceeds {_blas.CBLAS_INT_MAX}, the largest size the GEMMs take"
+            )
     targets = _checks.tensor("targets", targets, dtypes=(torch.int64,), ndim=1, device=device, device_of="hidden")
     _checks.length("targets", targets, num_tokens, "one target per row of hidden")
     temperature = _checks.temperature("temperature", temperature)
@@ -120,7 +118,7 @@ def _native_kind(hidden: torch.Tensor) -> tuple[str | None, str]:
     C = _backend._C
     if not hasattr(C, f"lm_head_logprobs_forward_{kind}"):
         return None, "orsd._C was built before lm_head_logprobs existed (rebuild: pip install -e .)"
-    if kind == "cpu" and _cpu_gemm(hidden.dtype) is None:
+    if kind == "cpu" and _blas.cpu_gemm(hidden.dtype) is None:
         return None, (
             f"the torch in this process exports no usable MKL GEMM for {hidden.dtype} "
             "(libtorch_cpu: cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 / sgemm_)"
@@ -145,52 +143,7 @@ def _warn_fallback(reason: str) -> None:
     )
 
 
-# ---- CPU GEMMs: MKL inside the torch already loaded -------------------------------------------
-
-_gemm_cache: dict[torch.dtype, int | None] = {}
-
-
-def _cpu_gemm(dtype: torch.dtype) -> int | None:
-    """Address of the f32-output GEMM for `dtype` that the CPU kernels call (None when missing):
-    MKL's cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 (found and self-tested by
-    fused_token_logprobs) or the Fortran sgemm_ for f32, all exported by libtorch_cpu."""
-    if dtype not in _gemm_cache:
-        # The self-tests compare with torch matmuls, which must run in f32 even when the first call
-        # comes from inside a bf16 autocast region (the update's forward).
-        with torch.autocast("cpu", enabled=False):
-            if dtype == torch.float32:
-                function = _sgemm()
-            else:
-                from .fused_token_logprobs import _mkl_gemm
-
-                function = _mkl_gemm(dtype)
-        _gemm_cache[dtype] = None if function is None else ctypes.cast(function, ctypes.c_void_p).value
-    return _gemm_cache[dtype]
-
-
-def _sgemm():
-    """MKL's Fortran sgemm_ from libtorch_cpu, or None when absent or wrong on a small self-test."""
-    int_p, float_p = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_float)
-    try:
-        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        function = library.sgemm_
-    except (OSError, AttributeError):
-        return None
-    function.restype = None
-    function.argtypes = [ctypes.c_char_p, ctypes.c_char_p, int_p, int_p, int_p, float_p, ctypes.c_void_p, int_p,
-                         ctypes.c_void_p, int_p, float_p, ctypes.c_void_p, int_p]  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    a, b = torch.randn(3, 37, generator=generator), torch.randn(5, 37, generator=generator)
-    got = torch.empty(3, 5)
-    # Row-major a @ b.T is column-major (b a^T): M = 5, N = 3, K = 37, A = b ('T'), B = a ('N').
-    size = lambda n: ctypes.byref(ctypes.c_int(n))  # noqa: E731
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    function(b"T", b"N", size(5), size(3), size(37), ctypes.byref(one), b.data_ptr(), size(37),
-             a.data_ptr(), size(37), ctypes.byref(zero), got.data_ptr(), size(5))  # fmt: skip
-    return function if torch.allclose(got, a @ b.T, rtol=1e-5, atol=1e-5) else None
-
-
-# ---- CUDA GEMMs: cuBLAS inside the torch already loaded ----------------------------------------
+# ---- which CUDA GEMM the kernels use (ops/_blas.py finds cuBLAS's) -----------------------------
 
 CUDA_GEMMS = ("cublas", "own")
 """cublas: cublasGemmEx of the libcublas torch loaded, on torch's handle (first choice when found
@@ -232,7 +185,7 @@ def _cuda_blas(device: torch.device) -> tuple[int, int]:
 def _cublas() -> int | None:
     global _cublas_gemm_ex
     if _cublas_gemm_ex is False:
-        _cublas_gemm_ex = _find_cublas()
+        _cublas_gemm_ex = _blas.find_cublas()
         if _cublas_gemm_ex is None and torch.cuda.is_available():
             warnings.warn(
                 "orsd.ops.lm_head_logprobs: cuBLAS's cublasGemmEx was not found in this process or failed "
@@ -241,41 +194,6 @@ def _cublas() -> int | None:
                 stacklevel=4,
             )
     return _cublas_gemm_ex
-
-
-def _find_cublas() -> int | None:
-    """cublasGemmEx from the libcublas torch has loaded (found in /proc/self/maps once torch has
-    made its handle), checked on a small bf16 and f32 product against torch; None when absent."""
-    if not torch.cuda.is_available():
-        return None
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    operands = [(torch.randn(37, 67, generator=generator, device="cuda").to(dtype),
-                 torch.randn(53, 67, generator=generator, device="cuda").to(dtype), type_code, compute)
-                for dtype, type_code, compute in ((torch.bfloat16, 14, 68), (torch.float32, 0, 69))]  # fmt: skip
-    # after the first allocation, so that the CUDA context is current when cuBLAS starts
-    handle = torch.cuda.current_blas_handle()  # loads cuBLAS and binds the current stream
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcublas.so" in line and "libcublasLt" not in line}
-        function = ctypes.CDLL(sorted(paths)[0]).cublasGemmEx if paths else None
-    except (OSError, AttributeError):
-        return None
-    if function is None:
-        return None
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p, *[ctypes.c_int] * 5, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                         ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]  # fmt: skip
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    for a, b, type_code, compute in operands:
-        got = torch.empty(37, 53, device="cuda")
-        # row-major got = a @ b.T is column-major got^T [53, 37] = b (op T on col-major [67, 53]) . a
-        status = function(handle, 1, 0, 53, 37, 67, ctypes.byref(one), b.data_ptr(), type_code, 67,
-                          a.data_ptr(), type_code, 67, ctypes.byref(zero), got.data_ptr(), 0, 53, compute, -1)  # fmt: skip
-        want = a.double() @ b.double().T
-        if status != 0 or not torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4):
-            return None
-    return ctypes.cast(function, ctypes.c_void_p).value
 
 
 # ---- the autograd function around the two native calls ----------------------------------------
@@ -351,7 +269,7 @@ def _launch(kind: str, direction: str, args: tuple, hidden: torch.Tensor, worksp
     thread count passed must be the one the CPU workspace was sized for: num_threads() again)."""
     function = getattr(_backend._C, f"lm_head_logprobs_{direction}_{kind}")
     if kind == "cpu":
-        function(*args, _cpu_gemm(hidden.dtype), workspace.data_ptr(), workspace.numel(), _backend.num_threads())
+        function(*args, _blas.cpu_gemm(hidden.dtype), workspace.data_ptr(), workspace.numel(), _backend.num_threads())
     else:
         function(*args, *_cuda_blas(hidden.device), workspace.data_ptr(), workspace.numel(),
                  *_backend.cuda_launch_args(hidden))  # fmt: skip
@@ -377,9 +295,17 @@ def _torch_path(hidden, weight, targets, temperature, softcap, logit_scale, retu
 
 
 def _torch_chunk(hidden, weight, targets, temperature, softcap, logit_scale):
-    logits = hidden.float() @ weight.float().T
-    if softcap > 0:
-        logits = torch.tanh(logits / softcap) * softcap
-    log_p = torch.log_softmax(logits * logit_scale / temperature, dim=-1)
+    logits = soft_cap_and_scale(hidden.float() @ weight.float().T, softcap, logit_scale)
+    log_p = torch.log_softmax(logits / temperature, dim=-1)
     entropy = torch.special.entr(log_p.exp()).sum(-1)  # entr(0) = 0: -inf logits add nothing
     return log_p.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+def soft_cap_and_scale(logits: torch.Tensor, softcap: float | None, logit_scale: float | None) -> torch.Tensor:
+    """cap(logits) = softcap * tanh(logits / softcap) (HF's final_logit_softcapping), then times
+    logit_scale (Cohere's): the one order of every torch LM-head path, this module's fallback and
+    orsd.train.head.final_logits (the model's two numbers); the kernels apply the same. A softcap or
+    logit_scale of None or 0 skips its step."""
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits * logit_scale if logit_scale else logits

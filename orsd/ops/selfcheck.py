@@ -21,15 +21,9 @@ import torch
 
 from . import _backend, reference
 
-OPS = (
-    "token_logprobs",
-    "fused_token_logprobs",
-    "grpo_advantages",
-    "splice_rubric",
-    "shape_advantages",
-    "microbatch_weights",
-    "lm_head_logprobs",
-)
+#: every op of orsd.ops: the six reference.py specifies, then lm_head_logprobs, whose reference is
+#: torch autograd through f64 logits (_lm_head_reference below)
+OPS = (*reference.__all__, "lm_head_logprobs")
 
 
 class SelfCheckError(RuntimeError):

@@ -124,7 +124,7 @@ def run(args, config, argv: list[str]) -> dict:
     from tqdm.auto import tqdm
 
     from orsd import envs
-    from orsd.engines.hf import Sampling
+    from orsd.engines.base import Sampling
     from orsd.envs.prompts import prompt_templates
     from orsd.train.build import build_verifier
     from orsd.train.config import to_dict

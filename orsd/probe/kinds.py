@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orsd import rubric
-from orsd.engines.hf import Sampling
 from orsd.envs.webshop.oracle import oracle_rubric
 from orsd.methods.base import Candidates
 from orsd.methods.orsd import ORSD
 from orsd.rubric import Alignment, RubricBundle
 from orsd.rubric.controls import content_free_bundle, rejected_bundle, shuffled_bundle
-from orsd.train import bundles as stages
+from orsd.train import bundles
 
 CONTENT = ("oracle", "misleading", "selected")
 CONTROLS = ("content_free", "rejected", "shuffled")
@@ -52,19 +51,15 @@ class TaskRubrics:
 
 def select_bundles(config, engine, tokenizer, verifier, groups, seed: int) -> tuple[list, list]:
     """(Candidates, Alignment) per group, by the trainer's write → verify → select stages with the
-    config's rubric settings (Trainer.write_bundles' sampling; the selection rng of a step 0)."""
+    config's rubric settings (bundles.sampling; the selection rng of a step 0)."""
     r = config.rubric
     method = ORSD(config)
-    sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size,
-                        draft_tokens=r.draft_tokens)
-
-    def write(chosen, count, _writer):
-        return stages.write_bundles(engine, tokenizer, chosen, count, sampling, r.transcript_chars,
-                                    r.generation_template or None)
-
-    candidates = method.write_bundles(groups, write)
-    scores = stages.verify(verifier, groups, candidates, r.transcript_chars)
-    selection = stages.select(groups, candidates, scores, method.selection, np.random.default_rng((seed, 0)))
+    request = method.bundle_request(groups)
+    written = bundles.write_bundles(engine, tokenizer, request.groups, request.count,
+                                    bundles.sampling(r), r.transcript_chars, r.generation_template or None)
+    candidates = method.candidates(groups, request, written)
+    scores = bundles.verify(verifier, groups, candidates, r.transcript_chars)
+    selection = bundles.select(groups, candidates, scores, method.selection, np.random.default_rng((seed, 0)))
     return candidates, selection
 
 
@@ -78,28 +73,28 @@ def task_rubrics(tasks: list, candidates: list[Candidates], selection: list[Alig
     for i, task in enumerate(tasks):
         other = tasks[(i + 1) % len(tasks)] if len(tasks) > 1 else spare_task
         best = chosen[i]
-        bundles = {"oracle": RubricBundle(oracle_rubric(task), source="oracle"),
+        rubrics = {"oracle": RubricBundle(oracle_rubric(task), source="oracle"),
                    "misleading": RubricBundle(oracle_rubric(other), source=f"oracle of {other.id}"),
                    "selected": best}
         notes = {"misleading": f"the oracle rubric of task {other.id}"}
         if best is None:
             why = candidates[i].reason or (selection[i].reason if selection[i] is not None else "") or "no B*"
             notes["selected"] = f"no B*: {why}"
-        bundles["content_free"] = content_free_bundle(best if best is not None else bundles["oracle"])
+        rubrics["content_free"] = content_free_bundle(best if best is not None else rubrics["oracle"])
         notes["content_free"] = "lengths of B*" if best is not None else "no B*: lengths of the oracle rubric"
-        bundles["rejected"] = (rejected_bundle(candidates[i].bundles, selection[i].rho, selection[i].index)
+        rubrics["rejected"] = (rejected_bundle(candidates[i].bundles, selection[i].rho, selection[i].index)
                                if best is not None else None)
-        if best is not None and bundles["rejected"] is None:
+        if best is not None and rubrics["rejected"] is None:
             notes["rejected"] = "B* was the only candidate"
         others = [b for j, b in enumerate(chosen) if j != i and b is not None]
-        bundles["shuffled"] = (shuffled_bundle(best, others, random.Random(f"probe:{seed}:shuffled:{task.id}"))
+        rubrics["shuffled"] = (shuffled_bundle(best, others, random.Random(f"probe:{seed}:shuffled:{task.id}"))
                                if best is not None else None)
-        if best is not None and bundles["shuffled"] is None:
+        if best is not None and rubrics["shuffled"] is None:
             notes["shuffled"] = "no other probed task's B* holds a criterion this B* lacks"
         for kind in ("rejected", "shuffled"):
             if best is None:
                 notes[kind] = "no B*"
-        out.append(TaskRubrics(bundles, notes, candidates[i], selection[i]))
+        out.append(TaskRubrics(rubrics, notes, candidates[i], selection[i]))
     return out
 
 
@@ -108,4 +103,4 @@ def rubric_token_ids(tokenizer, bundle: RubricBundle | None, config) -> list[int
     if bundle is None:
         return None
     text = rubric.rubric_context(bundle, template=config.rubric.context_template or None)
-    return stages.rubric_ids(tokenizer, text, config.rubric.context_role)
+    return bundles.rubric_ids(tokenizer, text, config.rubric.context_role)

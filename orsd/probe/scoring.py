@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orsd.train.replay import paired_replay, plain_replay
+from orsd.train.replay import ReplaySpec, paired_replay, plain_replay
 
 from .states import Reply
 
@@ -43,8 +43,8 @@ def score_task(model, replies: list[Reply], rubric_ids: dict[str, list[int] | No
     r, rp = config.rollout, config.replay
     records = [reply.record for reply in replies]
     reuse = rp.reuse_plain and rp.share_prefix
-    plain = plain_replay(model, records, r.temperature, rp.token_budget, rp.fused, None, rp.share_prefix,
-                         keep_prefixes=reuse)
+    spec = ReplaySpec(r.temperature, rp.token_budget, rp.fused, None, rp.share_prefix, reuse_plain=reuse)
+    plain = plain_replay(model, records, spec, keep_prefixes=reuse)
     kept = plain.prefixes
     bounds = plain.packed.cu_seqlens.tolist()
     spans = [(bounds[s] + len(rec.context_ids), bounds[s + 1]) for s, rec in enumerate(records)]
@@ -52,8 +52,7 @@ def score_task(model, replies: list[Reply], rubric_ids: dict[str, list[int] | No
     for kind, ids in rubric_ids.items():
         plain.prefixes = kept  # paired_replay releases it after its rubric pass
         spliced = [ids if fits(rec, ids, r.max_context_tokens) else None for rec in records]
-        result = paired_replay(model, records, [0.0] * len(records), spliced, config.rubric.alpha, r.temperature,
-                               rp.token_budget, rp.fused, None, rp.share_prefix, plain=plain, reuse_plain=reuse)
+        result = paired_replay(model, records, [0.0] * len(records), spliced, config.rubric.alpha, spec, plain=plain)
         column = []
         for (a, b), ids_of in zip(spans, spliced):
             valid = result.valid[a:b]

@@ -22,7 +22,9 @@ from pathlib import Path
 import yaml
 
 from .html import CSS
-from .reporter import _compare_arg, _existing_dir, plot_curves, read_jsonl, run_info
+from .cli import _compare_arg
+from .curves import plot_curves
+from .records import _existing_dir, read_jsonl, run_info
 
 #: eval.jsonl per_kind key -> the paper's Table 1 column; None = overall success
 ALFWORLD_COLUMNS = (("pick_and_place_simple", "Pick"), ("look_at_obj_in_light", "Look"),

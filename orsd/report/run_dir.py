@@ -41,6 +41,8 @@ class RunDir:
             atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def write_environment(self, seed: int, extra: dict | None = None) -> None:
+        """environment.json: this process's versions and hardware (`environment`), then `extra`, what
+        setting the run up decided (orsd.train.build: the ops backend and self-check, precision, ...)."""
         if self.writer:
             record = {**environment(seed), **(extra or {})}
             atomic_write(self.path / "environment.json", json.dumps(record, indent=2))
@@ -109,6 +111,8 @@ def git_sha() -> str:
 
 
 def environment(seed: int) -> dict:
+    """Python, package versions, seed, git sha, platform, threads and CUDA devices: what any process
+    can say about itself (the ops backend comes from the run's setup, in `write_environment`'s extra)."""
     versions = {}
     for name in PACKAGES:
         try:
@@ -116,8 +120,6 @@ def environment(seed: int) -> dict:
         except metadata.PackageNotFoundError:
             continue
     sha = git_sha()
-    from orsd import ops
-
     return {
         "python": sys.version.split()[0],
         "packages": versions,
@@ -127,5 +129,4 @@ def environment(seed: int) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "ops_backend": ops.backend(),
     }

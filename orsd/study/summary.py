@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from orsd.report.reporter import read_jsonl
+from orsd.report.records import read_jsonl
 
 from . import stats
 from .grid import run_path

@@ -47,14 +47,17 @@ def make_env(config):
     return envs.from_config(config.env)
 
 
-def build(config, run_dir=None, resume_from=None, log=print):
-    """Policy, tokenizer, env, (warm start), frozen reference, verifier and trainer from a config.
+def build(config, run_dir=None, resume_from=None, log=print, method=None):
+    """Policy, tokenizer, env, (warm start), frozen reference, verifier and trainer from a config;
+    `method` (orsd.methods; built from the config when not given) is the one object every part
+    asks what the method does.
 
     On resume the policy comes from the checkpoint and the reference from checkpoints/reference
     (saved when a warm start made it differ from `model.path`); the warm start is not redone.
     """
     import torch
 
+    from orsd import ops as orsd_ops
     from orsd.train import distributed
     from orsd.train.model import (frozen_copy, load_policy, load_tokenizer, release_memory, resolve_device,
                                   share_frozen)
@@ -62,6 +65,7 @@ def build(config, run_dir=None, resume_from=None, log=print):
     from orsd.train.trainer import Trainer
     from orsd.train.warmstart import run_warm_start, run_warm_start_in_child, runs_in_child, write_record
 
+    method = method or make_method(config)
     torch.manual_seed(config.train.seed)
     dist = distributed.setup(config)
     m = config.model
@@ -97,22 +101,27 @@ def build(config, run_dir=None, resume_from=None, log=print):
                                 precision.autocast)
     else:
         if config.warm_start.enabled and not in_child:
-            warm_losses = run_warm_start(config, policy, tokenizer, env, log)  # same on every rank
+            warm_losses = run_warm_start(config, policy, tokenizer, env, log,  # same on every rank
+                                         writes_bundles=method.writes_bundles)
             if reference_dir is not None and (dist is None or dist.is_main):
                 policy.save_pretrained(reference_dir)
                 tokenizer.save_pretrained(reference_dir)
         if config.warm_start.enabled and reference_dir is not None and (dist is None or dist.is_main):
-            write_record(config, reference_dir)  # beside the warm-started policy: orsd-study starts arms from it
+            # beside the warm-started policy: orsd-study starts arms from it
+            write_record(config, reference_dir, method.writes_bundles)
         reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
     release_memory()  # the warm start's optimizer, gradients and activations are gone
     freeze_for_update(policy, config, precision.autocast, distributed=dist is not None, log=log)
     if dist is None and (shared := share_frozen(policy, reference)):  # ZeRO partitions the policy's own
         log(f"reference: shares the embeddings and the {shared} frozen layers below with the policy")
-    verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
+    verifier = build_verifier(config, reference, tokenizer) if method.calls_verifier else None
     engine = build_engine(config, policy, tokenizer, run_dir, dist)
     ds_engine = distributed.wrap(policy, config) if dist else None
     trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
-                      ds_engine=ds_engine)
+                      ds_engine=ds_engine, method=method)
+    # which implementation serves each device, now that the self-check may have set one aside; first
+    # of build's entries, where environment.json has always had it
+    trainer.environment["ops_backend"] = orsd_ops.backend()
     trainer.environment["ops_self_check"] = ops_check
     trainer.environment["overlap"] = trainer.overlaps()  # replay.overlap where it serves (train/overlap.py)
     if trainer.overlaps():

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from orsd import rubric
-from orsd.engines.hf import RolloutEngine, Sampling
+from orsd.engines.base import RolloutEngine, Sampling
 from orsd.methods import Candidates
 
 from .records import Group
@@ -21,6 +21,12 @@ def transcripts(group: Group, chars: int) -> list[str]:
     """What the bundle writer and the verifier see of each trajectory: actions and observations,
     never rewards."""
     return [rubric.format_transcript(t.observations, t.actions, max_chars=chars) for t in group.trajectories]
+
+
+def sampling(r) -> Sampling:
+    """How bundles are sampled, from the config's `rubric` section."""
+    return Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size,
+                    draft_tokens=r.draft_tokens)
 
 
 def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num_bundles: int,

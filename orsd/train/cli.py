@@ -97,9 +97,11 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     """Train for `train.steps` steps (continuing from the last checkpoint when `resume`); returns the
     summary, also appended to summary.jsonl, or None when a resumed run was already complete (then
     nothing in its directory is touched)."""
-    from orsd.report.reporter import Reporter, write_report
+    from orsd.report.cli import write_report
+    from orsd.report.logger import Reporter
     from orsd.report.run_dir import RunDir
     from orsd.train import checkpoint
+    from orsd.methods import make_method
     from orsd.train.build import build
     from orsd.train.distributed import launch_env
 
@@ -117,10 +119,11 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     else:
         refuse_existing_run(path)
         resume_from = None
-    check_verifier_reachable(config)
+    method = make_method(config)  # built once: the check, the warm start and the trainer share it
+    check_verifier_reachable(config, method.calls_verifier)
     out = RunDir(path, writer=main_rank)
     out.write_config(to_dict(config))
-    trainer, warm_losses = build(config, out.path, resume_from, log)
+    trainer, warm_losses = build(config, out.path, resume_from, log, method)
     out.write_environment(config.train.seed, trainer.environment)  # versions + what build decided
     if resume_from is not None:
         checkpoint.restore(trainer, resume_from)
@@ -198,16 +201,14 @@ def _flat(data: dict, prefix: str = "") -> dict:
     return flat
 
 
-def check_verifier_reachable(config, seconds: float = 2.0) -> None:
+def check_verifier_reachable(config, calls_verifier: bool, seconds: float = 2.0) -> None:
     """Before any rollout, can a TCP connection be made to the verifier endpoint? Otherwise a run
     would spend its first step's rollouts and then score nothing. Only for an openai verifier the
     method calls, skipped with verifier.check_reachable=false; no request is sent (no key travels), and
     the whole probe, name lookup included, is given `seconds`."""
-    from orsd.methods import make_method
-
     v = config.verifier
     openai = v.kind == "openai" or (v.kind == "auto" and bool(v.base_url))
-    if not (v.check_reachable and openai and make_method(config).calls_verifier):
+    if not (v.check_reachable and openai and calls_verifier):
         return
     url = urllib.parse.urlsplit(v.base_url)
     address = (url.hostname, url.port or (443 if url.scheme == "https" else 80))

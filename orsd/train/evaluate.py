@@ -18,7 +18,8 @@ import torch
 from orsd import envs
 from orsd.envs.prompts import prompt_templates
 
-from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.base import Sampling
+from orsd.engines.hf import HfEngine
 from .model import autocast
 from .records import Group
 from .rollout import rollout

@@ -3,9 +3,10 @@
 Two ways, one result. The native ops (`fused_token_logprobs` for replay, without autograd;
 `lm_head_logprobs` for the update, with its own backward) read the head's weight and never hold a
 tokens × vocab tensor. The torch path (`chunk_logprobs`, run in checkpointed token chunks by
-`replay.train_logprobs`) is the reference and serves where the native op cannot: a head with a
+`forward.train_logprobs`) is the reference and serves where the native op cannot: a head with a
 bias, a ZeRO-3-partitioned head, a distillation term that needs the whole distribution.
-Soft-capping and the logit scale are applied in one order (`final_logits`; `lm_head_logprobs`
+Soft-capping and the logit scale are applied in one order (`final_logits`, through
+ops' `soft_cap_and_scale`, which lm_head_logprobs' own torch fallback applies too; the native op
 takes the same two numbers); `fused_token_logprobs` has neither, so replay uses it only for a
 head without them (`engines.decode.lm_head_of`).
 """
@@ -16,6 +17,7 @@ import torch
 
 from orsd import ops
 from orsd.engines.decode import lm_head_of
+from orsd.ops.lm_head_logprobs import soft_cap_and_scale
 
 from .distributed import gathered
 
@@ -39,11 +41,8 @@ def head_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, temperatur
 def final_logits(model, logits: torch.Tensor) -> torch.Tensor:
     """The head's raw logits after the model's soft-capping (Gemma-2's final_logit_softcapping),
     then its logit scale (Cohere's logit_scale); the native ops take the same two numbers."""
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(model.config, "logit_scale", None)
-    return logits * scale if scale else logits
+    return soft_cap_and_scale(logits, getattr(model.config, "final_logit_softcapping", None),
+                              getattr(model.config, "logit_scale", None))
 
 
 def fused_head_serves(head) -> bool:
@@ -64,7 +63,10 @@ def fused_head(model, head, hidden, targets, temperature, dtype):
 
 def chunk_logprobs(model, head, hidden, targets, temperature, fn=None, *extra):
     """(lp, entropy, term) of one token chunk through torch: the reference for fused_head, and
-    the path of a `fn` term that needs the chunk's whole log-softmax."""
+    the path of a `fn` term that needs the chunk's whole log-softmax. It is not lm_head_logprobs'
+    torch fallback: it calls the head module itself (a bias, ZeRO-3's gathering hooks, the head's
+    dtype, soft-capped before the cast to f32), and its entropy is -Σ p·log p from log p where the
+    fallback's is Σ entr(p); the two share only `final_logits`' order."""
     logits = final_logits(model, head(hidden)).float() / temperature
     logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)

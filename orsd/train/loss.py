@@ -3,16 +3,17 @@ reduced token-mean per micro-batch and averaged over micro-batches (Eq. 14)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from orsd import ops
-from orsd.engines import prefill
 
+from .forward import dummy_forward, train_logprobs
 from .metrics import tagged
-from .model import trim_heap
-from .replay import Packed, batch_positions, budget_batches, dummy_forward, train_logprobs
+from .model import shares_prefixes, trim_heap
+from .packing import Packed, batch_positions, budget_batches
 
 
 @dataclass
@@ -58,18 +59,59 @@ def microbatches(packed: Packed, micro_batch_tokens: int, micro_batch_size: int 
         return [list(range(start, min(start + micro_batch_size, count))) for start in range(0, count, micro_batch_size)]
     if by_prefix:
         cu = packed.cu_seqlens.tolist()
-        return prefill.shared_batches([packed.ids[cu[s]:cu[s + 1]].tolist() for s in range(packed.num_sequences)],
-                                      micro_batch_tokens)
+        return shared_batches([packed.ids[cu[s]:cu[s + 1]].tolist() for s in range(packed.num_sequences)],
+                              micro_batch_tokens)
     return budget_batches(packed.lengths, micro_batch_tokens)
 
 
+def shared_batches(sequences: list[list[int]], token_budget: int) -> list[list[int]]:
+    """Sequence indices in batches whose forward along their prefix tree takes about `token_budget`
+    tokens or fewer: sorted by their tokens, so that sequences sharing a prefix are neighbours, a
+    batch closes when the next sequence's tokens beyond what it shares with the one before would
+    pass the budget (a single sequence over the budget is a batch alone)."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
+    batches: list[list[int]] = []
+    cost = 0
+    for i in order:
+        shared = len(os.path.commonprefix([sequences[batches[-1][-1]], sequences[i]])) if batches else 0
+        if not batches or cost + len(sequences[i]) - shared > token_budget:
+            batches.append([])
+            cost, shared = 0, 0
+        batches[-1].append(i)
+        cost += len(sequences[i]) - shared
+    return batches
+
+
+@dataclass(frozen=True)
+class UpdateSpec:
+    """How the update runs: the `optim` section's loss and batching settings, the sampling
+    temperature and the forwards' autocast dtype. `from_config` reads them from a run's config."""
+
+    temperature: float  # rollout.temperature: log-probs of logits / T, as sampled
+    micro_batch_tokens: int
+    clip_eps: float
+    dual_clip: float
+    log_ratio_clamp: float
+    kl_coef: float
+    grad_clip: float
+    micro_batch_size: int = 0
+    precision: str = ""  # the forwards' autocast dtype ("": none); never the backward
+    lm_head: str = "fused"  # optim.lm_head: "fused" | "chunked" (train_logprobs)
+    share_prefix: bool = False  # a prefix the micro-batch's sequences share forwarded once
+    packing: str = "length"  # optim.micro_batch_packing: "length" | "prefix"
+
+    @classmethod
+    def from_config(cls, config, share_prefix: bool = True) -> UpdateSpec:
+        """`share_prefix=False` where the run cannot share (ZeRO-3: equal forwards on every rank)."""
+        o = config.optim
+        return cls(config.rollout.temperature, o.micro_batch_tokens, o.clip_eps, o.dual_clip, o.log_ratio_clamp,
+                   o.kl_coef, o.grad_clip, o.micro_batch_size, config.model.autocast, o.lm_head,
+                   o.share_prefix and share_prefix, o.micro_batch_packing)
+
+
 def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-           advantages: torch.Tensor, *, temperature: float, micro_batch_tokens: int, micro_batch_size: int = 0,
-           clip_eps: float,
-           dual_clip: float, log_ratio_clamp: float, kl_coef: float, grad_clip: float,
-           lockstep=None, backward=None, step=None, scheduler=None, precision: str = "", distill=None,
-           lm_head: str = "fused", share_prefix: bool = False, packing: str = "length",
-           frozen_states: tuple | None = None) -> dict:
+           advantages: torch.Tensor, spec: UpdateSpec, *, lockstep=None, backward=None, step=None, scheduler=None,
+           distill=None, frozen_states: tuple | None = None) -> dict:
     """One optimizer step over all records: gradient accumulation across micro-batches.
 
     w = microbatch_weights(response mask, micro-batch ids, G) makes Σ_p w_p f_p equal Eq. 14 for
@@ -77,18 +119,20 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     ranks, `lockstep(n) -> G` gives the largest micro-batch count of any rank, this rank pads with
     zero-weight micro-batches, and DeepSpeed's gradient average over ranks supplies the 1/D.
     `backward(loss, last)`/`step()` let a DeepSpeed engine replace loss.backward() (told whether
-    this is the accumulation boundary) and optimizer.step(). `distill` (orsd.train.distill.DistillTerm)
+    this is the accumulation boundary) and optimizer.step(). `distill` (orsd.train.teacher.DistillTerm)
     makes f_p = pg_coef·pg_p + η·k3_p + w_p·ℓ_p, ℓ computed in the same micro-batches and chunks.
-    `share_prefix`: see train_logprobs. `packing="prefix"` (optim.micro_batch_packing), where the
+    `spec` (UpdateSpec) holds the loss's coefficients and the batching; its `share_prefix`: see
+    train_logprobs; its `packing="prefix"` (optim.micro_batch_packing), where the
     prefix is shared: micro-batches of records that share prefixes, budgeted by the tokens
     forwarded (see microbatches); Eq. 14's token mean is per micro-batch, so the packing sets its
     weights. "length": sorted by length, budgeted by padded tokens (the same with sharing on or off).
     `frozen_states`: per packed sequence, the states of the frozen layers below (see train_logprobs).
     """
+    temperature, kl_coef, packing, share_prefix = spec.temperature, spec.kl_coef, spec.packing, spec.share_prefix
     if packing not in ("prefix", "length"):
         raise ValueError(f"packing: {packing!r}; expected 'prefix' or 'length'")
-    by_prefix = packing == "prefix" and share_prefix and prefill.serves(model)
-    batches = microbatches(packed, micro_batch_tokens, micro_batch_size, by_prefix)
+    by_prefix = packing == "prefix" and share_prefix and shares_prefixes(model)
+    batches = microbatches(packed, spec.micro_batch_tokens, spec.micro_batch_size, by_prefix)
     num_microbatches = lockstep(len(batches)) if lockstep else len(batches)
     mb_of_seq = torch.empty(packed.num_sequences, dtype=torch.long)
     for m, batch in enumerate(batches):
@@ -111,11 +155,12 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
         chunking = ({} if distill is None
                     else {"chunk_term": distill.chunk_term(flat), "chunk_tokens": distill.chunk_tokens})
         logprobs, entropy, chunk_values = train_logprobs(model, packed.ids, packed.cu_seqlens, batch, positions,
-                                                         temperature, precision=precision, lm_head=lm_head,
+                                                         temperature, precision=spec.precision, lm_head=spec.lm_head,
                                                          share_prefix=share_prefix, frozen_states=frozen_states,
                                                          **chunking)
         terms = per_token_loss(logprobs, old_logprobs[flat].to(device), ref_logprobs[flat].to(device),
-                               advantages[flat].to(device), clip_eps, dual_clip, log_ratio_clamp, kl_coef)
+                               advantages[flat].to(device), spec.clip_eps, spec.dual_clip, spec.log_ratio_clamp,
+                               kl_coef)
         f = terms.loss  # f_p of Eq. 14
         if distill is not None:
             weighted, divergence, active = distill.per_token(flat, logprobs, chunk_values)
@@ -140,8 +185,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     if step is not None:
         grad_norm = step()
     else:
-        if grad_clip:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+        if spec.grad_clip:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip))
         optimizer.step()
     if scheduler is not None:
         scheduler.step()

@@ -163,6 +163,15 @@ def share_frozen(policy, reference) -> int:
     return split
 
 
+def shares_prefixes(model) -> bool:
+    """Whether the model's forwards can run along a prefix tree, forwarding what sequences share once
+    (engines/prefill.serves: a cache that can be cut per row, no gradient checkpointing); where it
+    cannot, replay's and the update's share_prefix fall back to plain forwards."""
+    from orsd.engines import prefill
+
+    return prefill.serves(model)
+
+
 def store_frozen_linears(model, matmul_dtype: str) -> None:
     """Store the weights of the frozen linear layers (requires_grad False) in the run's autocast
     dtype: autocast casts them to it before every matmul anyway, and it caches the cast only for

@@ -32,48 +32,35 @@ from contextlib import AbstractContextManager
 import torch
 
 
-def serves(trainer) -> bool:
-    """One process on a CPU with at least two intra-op threads that can be set per thread, the hf
-    engine, and a method that writes bundles. vLLM's in-process CPU worker replaces
-    `torch.set_num_threads` with a no-op once it has bound its threads, for the whole process; the
-    two sides would then each run on every core."""
+def serves(engine, policy, distributed: bool) -> bool:
+    """One process on a CPU with at least two intra-op threads that can be set per thread and the
+    hf engine. vLLM's in-process CPU worker replaces `torch.set_num_threads` with a no-op once it
+    has bound its threads, for the whole process; the two sides would then each run on every core."""
     from orsd.engines.hf import HfEngine
 
-    return (trainer.dist is None and isinstance(trainer.engine, HfEngine) and trainer.method.writes_bundles
+    return (not distributed and isinstance(engine, HfEngine)
             and torch.set_num_threads is torch._C.set_num_threads and torch.get_num_threads() >= 2
-            and next(trainer.policy.parameters()).device.type == "cpu")
+            and next(policy.parameters()).device.type == "cpu")
 
 
-def write_beside_plain(trainer, groups: list) -> tuple[list, object]:
-    """The policy writes `groups`' bundles (the method decides which) on a thread of its own, through
-    a twin of the writer's model, while this thread runs the plain pass, each side on one intra-op
-    thread. Returns (candidates, plain). Where no group needs bundles the plain pass runs on all
-    threads, as without overlap. The plain pass runs on one thread even when the bundles are written
-    before it ends: the thread count is part of a bf16 result, so where a pass runs must not depend
-    on timing. The reference pass is the step's own stage, on all threads, as GRPO runs it."""
-    from orsd.train.model import autocast
-
-    writer = trainer.method.bundle_writer
-    own = trainer.bundle_engine(writer)
-    engine = copy.copy(own)
-    engine.model = twin(own.model)  # made here, before the plain pass toggles the policy's modules
-
-    def work(started):
-        def write(todo: list, count: int, asked: str) -> list:
-            if todo:
-                started()
-            return trainer.write_bundles(todo, count, asked, engine if asked == writer else None)
-        return trainer.method.write_bundles(groups, write)
-
+def write_beside_plain(write: Callable, engine, plain: Callable, context: Callable[[], AbstractContextManager]):
+    """`write(twin_engine)` (the bundles) on a thread of its own, through a twin of `engine`'s model,
+    while this thread runs `plain()` (the plain pass), each side on one intra-op thread, the writer
+    under `context()` (the caller's autocast, which is per thread). Returns (what write returned,
+    what plain returned). The plain pass runs on one thread even when the bundles are written before
+    it ends: the thread count is part of a bf16 result, so where a pass runs must not depend on
+    timing. The reference pass is the step's own stage, on all threads, as GRPO runs it."""
+    twin_engine = copy.copy(engine)
+    twin_engine.model = twin(engine.model)  # made here, before the plain pass toggles the policy's modules
     threads = torch.get_num_threads()
-    worker = Beside(work, lambda: autocast(trainer.policy, trainer.config.model.autocast))
+    worker = Beside(lambda: write(twin_engine), context)
     try:
-        torch.set_num_threads(1 if worker.busy() else threads)  # busy() False: no group needed bundles
-        plain = trainer.plain_pass(groups)
+        torch.set_num_threads(1)
+        result = plain()
     finally:
         worker.join()
         torch.set_num_threads(threads)
-    return worker.result(), plain
+    return worker.result(), result
 
 
 def twin(model: torch.nn.Module) -> torch.nn.Module:
@@ -85,15 +72,11 @@ def twin(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class Beside:
-    """`work()` on a thread of its own with one intra-op thread, under `context()` (the caller's
-    autocast is per thread and does not reach it). `busy()` says, once the work has either started
-    its real job (it calls `started()`) or finished, whether it is still running; `result()` joins
+    """`work()` on a thread of its own with one intra-op thread, under `context()`; `result()` joins
     and returns what it returned, raising what it raised."""
 
-    def __init__(self, work: Callable[[Callable[[], None]], object],
-                 context: Callable[[], AbstractContextManager]):
+    def __init__(self, work: Callable[[], object], context: Callable[[], AbstractContextManager]):
         self._work, self._context = work, context
-        self._decided, self._done = threading.Event(), threading.Event()
         self._value: object = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="orsd-bundles", daemon=True)
@@ -103,17 +86,9 @@ class Beside:
         torch.set_num_threads(1)
         try:
             with self._context():
-                self._value = self._work(self._decided.set)
+                self._value = self._work()
         except BaseException as error:  # re-raised on the caller's thread by result()
             self._error = error
-        finally:
-            self._done.set()
-            self._decided.set()
-
-    def busy(self) -> bool:
-        """Waits until the work has started its job or ended; True while it runs."""
-        self._decided.wait()
-        return not self._done.is_set()
 
     def join(self) -> None:
         self._thread.join()
@@ -123,4 +98,3 @@ class Beside:
         if self._error is not None:
             raise self._error
         return self._value
-

@@ -14,7 +14,7 @@ from orsd.envs import parse_action
 from orsd.envs.prompts import build_messages
 from orsd.envs.rewards import episode_reward
 
-from orsd.engines.hf import RolloutEngine, Sampling
+from orsd.engines.base import RolloutEngine, Sampling
 from .model import trim_heap
 from .records import Group, TurnRecord, Trajectory
 

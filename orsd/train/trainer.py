@@ -9,6 +9,7 @@ by one method object (orsd.methods), built once from the config.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from contextlib import contextmanager, nullcontext
@@ -19,22 +20,24 @@ import torch
 
 from orsd.engines.hf import HfEngine, Sampling
 from orsd.envs.prompts import prompt_templates
-from orsd.methods import Advantages, make_method
+from orsd.methods import Advantages, BundleRequest, Method, make_method
 
-from . import bundles as stages
+from . import bundles
 from . import delta as deltas
 from . import overlap
 from .checkpoint import kill_point
 from .config import Config
-from .distill import DistillTerm, Teacher, teacher_pass
 from .distributed import deepspeed_backward, gathered
-from .loss import update
-from .metrics import combine, tagged, values
+from .forward import replay_logprobs
+from .loss import UpdateSpec, update
+from .metrics import combine, values
 from .model import autocast, release_memory, trim_heap
 from .optim import build_optimizer, warmup_schedule
-from .records import Group, group_record
-from .replay import PlainReplay, ReplayResult, paired_replay, plain_replay, replay_logprobs
+from .records import Group
+from .replay import PlainReplay, ReplayResult, ReplaySpec, paired_replay, plain_replay
 from .rollout import rollout
+from .step_records import StepOutputs, group_records, step_metrics
+from .teacher import DistillTerm, Teacher, teacher_pass
 
 
 def seed_everything(seed: int, step: int) -> None:
@@ -43,19 +46,6 @@ def seed_everything(seed: int, step: int) -> None:
     random.seed(mixed)
     np.random.seed(mixed)
     torch.manual_seed(mixed)
-
-
-@dataclass
-class StepOutputs:
-    """What each stage of one step returned (kept for tests, benchmarks and the records)."""
-
-    advantages: Advantages
-    candidates: list  # per group: Candidates (bundles written, raw texts, discards)
-    scores: list  # per group: a VerifierResult per bundle, or None (not scored)
-    selection: list  # per group: rubric.Alignment (ρ, satisfaction, index of B*, reason), or None
-    replay: ReplayResult
-    teacher: Teacher | None = None  # the OPSD family's teacher view of the response tokens
-    controls: list | None = None  # per group: delta.Control (rubric.delta_baseline), or None
 
 
 @dataclass
@@ -72,9 +62,9 @@ class Trainer:
     Algorithm 1."""
 
     def __init__(self, config: Config, policy, tokenizer, reference, verifier, env, engine=None,
-                 optimizer=None, dist=None, ds_engine=None):
+                 optimizer=None, dist=None, ds_engine=None, method: Method | None = None):
         self.config = config
-        self.method = make_method(config)
+        self.method = method or make_method(config)  # build.py passes the one it built
         self.dist, self.ds_engine = dist, ds_engine
         if ds_engine is not None:  # forwards go to the module; DeepSpeed owns backward and step
             policy, optimizer = ds_engine.module, ds_engine.optimizer
@@ -84,7 +74,7 @@ class Trainer:
         self.verifier = verifier
         self.env = env
         self.engine = engine or HfEngine(policy, tokenizer, config.rollout.batch_size,
-                                         draft_corpus=stages.draft_corpus(config, tokenizer))
+                                         draft_corpus=bundles.draft_corpus(config, tokenizer))
         self.optimizer = optimizer or build_optimizer(policy.parameters(), config.optim)
         self.scheduler = (ds_engine.lr_scheduler if ds_engine is not None
                           else warmup_schedule(self.optimizer, config.optim.warmup_steps))
@@ -113,17 +103,15 @@ class Trainer:
             groups = self.rollout(self.sample_tasks()) if groups is None else groups
         with stage("advantages"):  # Eq. 2 (a method may add per-turn terms)
             advantages = method.advantages(groups)
-        plain = None  # the plain pass, when it ran beside the bundles
         with stage("bundles"):  # M bundles per group by the policy, never shown the rewards (§3.1)
-            if self.overlaps():  # on a thread of their own while this one runs the plain pass
-                candidates, plain = overlap.write_beside_plain(self, groups)
-            else:
-                candidates = method.write_bundles(groups, self.write_bundles)
+            request = method.bundle_request(groups)
+            written, plain = self.bundles_beside_plain(request, groups)  # plain: None where it did not run
+            candidates = method.candidates(groups, request, written)
         with stage("verifier"):  # every criterion on every trajectory, in [0, 1]
-            scores = (stages.verify(self.verifier, groups, candidates, cfg.rubric.transcript_chars)
+            scores = (bundles.verify(self.verifier, groups, candidates, cfg.rubric.transcript_chars)
                       if method.calls_verifier else [None] * len(groups))
         with stage("align"):  # Eq. 5–7: B* by Spearman ρ (or an ablation's choice)
-            selection = (stages.select(groups, candidates, scores, method.selection, self.selection_rng())
+            selection = (bundles.select(groups, candidates, scores, method.selection, self.selection_rng())
                          if method.writes_bundles else [None] * len(groups))
         with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without (or − lp_control), A = A_GRPO + α·e·Δ
             rubrics = [method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)]
@@ -143,8 +131,10 @@ class Trainer:
             self.engine.sync_weights(self.policy)  # the rollout engine samples from the new weights
         self.step_index += 1
         outputs = StepOutputs(advantages, candidates, scores, selection, replay, teacher, controls)
-        records = self.group_records(groups, outputs)
-        metrics = {**self.step_metrics(groups, outputs), **update_metrics}
+        records = group_records(groups, outputs, self.tokenizer)
+        metrics = {**step_metrics(groups, outputs, self.step_index, method.alpha, method.step_metrics(groups),
+                                  self.counters()),
+                   **update_metrics}
         if self.dist is None:
             return StepResult(groups, records, values(metrics), seconds, outputs)
         per_rank = self.dist.gather((records, metrics))  # rank 0 writes every rank's records
@@ -189,51 +179,62 @@ class Trainer:
                        cfg.env.max_actions, cfg.env.max_history_turns, f"s{self.step_index}", self.group_offset,
                        self.templates, cfg.rubric.placement)
 
-    def write_bundles(self, groups: list[Group], count: int, writer: str, engine: HfEngine | None = None) -> list:
-        """`count` bundles per group, by the current policy or (writer="initial") the frozen initial
-        one, through `engine` when given (a twin's: overlap.write_beside_plain)."""
+    def write_bundles(self, request: BundleRequest | None, engine: HfEngine | None = None) -> list:
+        """One Candidates per group of `request`, by the current policy or (writer="initial") the
+        frozen initial one, through `engine` when given (a twin's: bundles_beside_plain)."""
+        if request is None:
+            return []
         r = self.config.rubric
-        engine = engine or self.bundle_engine(writer)
-        sampling = Sampling(r.temperature, r.top_p, r.max_new_tokens, no_repeat_ngram_size=r.no_repeat_ngram_size,
-                            draft_tokens=r.draft_tokens)
-        return stages.write_bundles(engine, self.tokenizer, groups, count, sampling, r.transcript_chars,
-                                    r.generation_template or None)
+        return bundles.write_bundles(engine or self.bundle_engine(request.writer), self.tokenizer, request.groups,
+                                     request.count, bundles.sampling(r), r.transcript_chars,
+                                     r.generation_template or None)
+
+    def bundles_beside_plain(self, request: BundleRequest | None, groups: list[Group]) -> tuple[list, PlainReplay | None]:
+        """The bundles `request` asks for and, with replay.overlap where it serves (overlap.serves)
+        and the method writes bundles, the plain pass: beside the bundles on a thread of its own
+        when there are any to write, else alone on all threads. The plain pass is None where it did
+        not run here (paired_replay runs it)."""
+        if not self.overlaps():
+            return self.write_bundles(request), None
+        if request is None or not request.groups:
+            return [], self.plain_pass(groups)
+        return overlap.write_beside_plain(lambda twin: self.write_bundles(request, twin),
+                                          self.bundle_engine(request.writer), lambda: self.plain_pass(groups),
+                                          lambda: autocast(self.policy, self.config.model.autocast))
 
     def bundle_engine(self, writer: str) -> HfEngine:
         if writer == "initial" and self.initial_engine is None:
             self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size,
-                                           draft_corpus=stages.draft_corpus(self.config, self.tokenizer))
+                                           draft_corpus=bundles.draft_corpus(self.config, self.tokenizer))
         return self.initial_engine if writer == "initial" else self.engine
 
     def overlaps(self) -> bool:
         """Whether this step writes bundles beside the plain pass: replay.overlap where it serves."""
-        return self.config.replay.overlap and overlap.serves(self)
+        return (self.config.replay.overlap and self.method.writes_bundles
+                and overlap.serves(self.engine, self.policy, self.dist is not None))
 
     def selection_rng(self) -> np.random.Generator:
         return np.random.default_rng((self.config.train.seed, self.step_index))
 
+    @property
+    def replay_spec(self) -> ReplaySpec:
+        """How this run's no-grad passes run (read from the config each time: benchmarks change it)."""
+        return ReplaySpec.from_config(self.config, self.replay_lockstep, reuse_frozen=self.ds_engine is None)
+
     def plain_pass(self, groups: list[Group]) -> PlainReplay:
         """The plain-context replay of every record, in paired_replay's order."""
-        cfg = self.config
         records = [r for g in groups for t in g.trajectories for r in t.records]
-        return plain_replay(self.policy, records, cfg.rollout.temperature, cfg.replay.token_budget,
-                            cfg.replay.fused, self.replay_lockstep, cfg.replay.share_prefix,
-                            reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None,
-                            keep_prefixes=cfg.replay.reuse_plain and self.method.writes_bundles)
+        return plain_replay(self.policy, records, self.replay_spec,
+                            keep_prefixes=self.config.replay.reuse_plain and self.method.writes_bundles)
 
     def paired_replay(self, groups: list[Group], advantages: Advantages, rubrics: list,
                       plain: PlainReplay | None = None, controls: list | None = None) -> ReplayResult:
         """Per record: its turn advantage and the ids of its group's rubric message and control (None
         where the group has none or they do not fit the context budget: e = 0 there; delta.replay_inputs).
         `plain`: the plain pass when it already ran (plain_pass)."""
-        cfg = self.config
-        inputs = deltas.replay_inputs(self.tokenizer, cfg, groups, advantages, rubrics, controls)
+        inputs = deltas.replay_inputs(self.tokenizer, self.config, groups, advantages, rubrics, controls)
         return paired_replay(self.policy, inputs.records, inputs.advantages, inputs.rubrics, self.method.alpha,
-                             cfg.rollout.temperature, cfg.replay.token_budget, cfg.replay.fused,
-                             self.replay_lockstep, cfg.replay.share_prefix,
-                             reuse_frozen=cfg.replay.reuse_frozen and self.ds_engine is None, plain=plain,
-                             reuse_plain=cfg.replay.reuse_plain, record_controls=inputs.controls,
-                             record_keep=inputs.keep)
+                             self.replay_spec, plain=plain, record_controls=inputs.controls, record_keep=inputs.keep)
 
     def reference_logprobs(self, replay: ReplayResult | PlainReplay) -> torch.Tensor:
         if not self.config.optim.kl_coef:
@@ -272,7 +273,7 @@ class Trainer:
             for trajectory, turn_texts in zip(group.trajectories, texts):
                 for record, text in zip(trajectory.records, turn_texts):
                     if text is not None and text not in ids_of:
-                        ids_of[text] = stages.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
+                        ids_of[text] = bundles.rubric_ids(self.tokenizer, text, cfg.rubric.context_role)
                     ids = ids_of[text] if text is not None else None
                     fits = (ids is not None and record.rubric_slot >= 0
                             and record.num_tokens + len(ids) <= cfg.rollout.max_context_tokens)
@@ -280,9 +281,9 @@ class Trainer:
                     privileged.append(ids if fits else None)
                     coef.append(group_coef)
         rollout_teacher = method.distillation.teacher == "rollout"
+        spec = dataclasses.replace(self.replay_spec, lockstep=self.replay_lockstep if rollout_teacher else None)
         teacher = teacher_pass(self.policy if rollout_teacher else self.reference, replay.packed, records, privileged,
-                               coef, method.distillation, cfg.rollout.temperature, cfg.replay.token_budget,
-                               cfg.replay.fused, self.replay_lockstep if rollout_teacher else None)
+                               coef, method.distillation, spec)
         taught = teacher.weight > 0
         gap = (teacher.logprobs - replay.old_logprobs)[taught]
         teacher.metrics = {**contexts.metrics,
@@ -299,97 +300,33 @@ class Trainer:
         old = replay.old_logprobs if o.old_logprobs == "replay" else replay.rollout_logprobs
         distill = (DistillTerm(self.method.distillation, teacher, self.config.rollout.temperature)
                    if teacher is not None else None)
-        metrics = update(self.policy, self.optimizer, p, old, reference, replay.advantages,
-                         temperature=self.config.rollout.temperature, micro_batch_tokens=o.micro_batch_tokens,
-                         micro_batch_size=o.micro_batch_size, clip_eps=o.clip_eps, dual_clip=o.dual_clip,
-                         log_ratio_clamp=o.log_ratio_clamp, kl_coef=o.kl_coef, grad_clip=o.grad_clip,
+        spec = UpdateSpec.from_config(self.config, share_prefix=self.replay_lockstep is None)  # ZeRO-3: equal forwards
+        metrics = update(self.policy, self.optimizer, p, old, reference, replay.advantages, spec,
                          lockstep=self.lockstep, backward=self.backward, step=self.optimizer_step,
-                         scheduler=None if self.ds_engine is not None else self.scheduler,
-                         precision=self.config.model.autocast, distill=distill, lm_head=o.lm_head,
-                         share_prefix=o.share_prefix and self.replay_lockstep is None,  # ZeRO-3: equal forwards
-                         packing=o.micro_batch_packing,
+                         scheduler=None if self.ds_engine is not None else self.scheduler, distill=distill,
                          frozen_states=replay.frozen_states)  # its layers are still the frozen ones replayed
         release_memory()  # the micro-batches' activations are freed: their pages go back before the next rollout
         return metrics
+
+    def counters(self) -> dict:
+        """This step's accounting kept outside the stages' results: speculative bundle decoding
+        (the engines' draft counts; the overlap twin shares its engine's) and the verifier's calls.
+        Reading them resets them."""
+        out = {}
+        if self.config.rubric.draft_tokens and isinstance(self.engine, HfEngine):
+            drafts = self.engine.take_draft_stats()
+            if self.initial_engine is not None:
+                drafts.add(self.initial_engine.take_draft_stats())
+            out["drafts"] = drafts
+        if self.verifier is not None and hasattr(self.verifier, "stats"):
+            out["verifier"] = self.verifier.stats(reset=True)
+        return out
 
     def save_policy(self, path) -> None:
         """An HF-loadable copy of the current policy; under ZeRO-3 all ranks gather, rank 0 writes."""
         with gathered(*self.policy.parameters()) if self.dist and self.dist.zero_stage == 3 else nullcontext():
             if self.rank == 0:
                 self.policy.save_pretrained(path)
-
-    # -- records -----------------------------------------------------------------------------------
-    def group_records(self, groups: list[Group], out: StepOutputs) -> list[dict]:
-        examples = self.delta_examples(groups, out)
-        controls = [c.to_record() if c is not None else None for c in out.controls or [None] * len(groups)]
-        return [group_record(g, adv, c, s, sel, ex, control) for g, adv, c, s, sel, ex, control
-                in zip(groups, out.advantages.episode, out.candidates, out.scores, out.selection, examples, controls)]
-
-    def delta_examples(self, groups: list[Group], out: StepOutputs) -> list[dict | None]:
-        """Per-token Δ of the first trajectory of each group with B*, for records and the report."""
-        cu, index, examples = out.replay.packed.cu_seqlens.tolist(), 0, []
-        for group, selection in zip(groups, out.selection):
-            turns = []
-            for number, trajectory in enumerate(group.trajectories):
-                for record in trajectory.records:
-                    start, end = cu[index] + len(record.context_ids), cu[index + 1]
-                    index += 1
-                    if number == 0 and selection is not None and selection.index is not None:
-                        turns.append({"tokens": [self.tokenizer.decode([i]) for i in record.response_ids],
-                                      "delta": out.replay.delta[start:end].tolist(),
-                                      "valid": out.replay.valid[start:end].tolist()})
-            examples.append({"trajectory": 0, "turns": turns} if turns else None)
-        return examples
-
-    def step_metrics(self, groups: list[Group], out: StepOutputs) -> dict:
-        trajectories = [t for g in groups for t in g.trajectories]
-        replay = out.replay
-        response, valid = replay.packed.response_mask, replay.valid
-        delta = replay.delta[valid]
-        selected = [s for s in out.selection if s is not None and s.index is not None]
-        chosen_rho = [s.rho[s.index] for s in selected if s.rho]
-        metrics = {
-            **tagged("same", step=self.step_index),
-            **tagged("mean",
-                     reward_mean=_mean(t.reward for t in trajectories),
-                     success_rate=_mean(t.won for t in trajectories),
-                     score_mean=_mean(t.score for t in trajectories),
-                     turns_mean=_mean(len(t.records) for t in trajectories),
-                     valid_action_rate=_mean(r.valid_action for t in trajectories for r in t.records),
-                     groups_rewards_differ=_mean(g.rewards_differ for g in groups),
-                     groups_with_bundle=(len(selected) / len(groups)) if groups else 0.0,
-                     rho_selected_mean=float(np.mean(chosen_rho)) if chosen_rho else None),
-            **tagged("sum",
-                     env_errors=sum(bool(t.error) for t in trajectories),
-                     bundles_parsed=sum(len(c.bundles) for c in out.candidates),
-                     bundles_discarded=sum(len(c.errors) for c in out.candidates),
-                     response_tokens=int(response.sum())),
-            **tagged("tokens",
-                     advantage_abs_mean=float(replay.advantages[response].abs().mean()) if response.any() else 0.0,
-                     delta_mean=float(delta.mean()) if len(delta) else 0.0,
-                     delta_abs_mean=float(delta.abs().mean()) if len(delta) else 0.0,
-                     valid_token_fraction=float(valid[response].float().mean()) if response.any() else 0.0,
-                     replay_rollout_gap=replay.rollout_gap),
-        }
-        if self.config.rubric.draft_tokens and isinstance(self.engine, HfEngine):
-            drafts = self.engine.take_draft_stats()  # the overlap twin shares its engine's counts
-            if self.initial_engine is not None:
-                drafts.add(self.initial_engine.take_draft_stats())
-            metrics.update(tagged("sum", bundle_decode_forwards=drafts.forwards, bundle_tokens=drafts.tokens,
-                                  bundle_drafted=drafts.drafted, bundle_draft_accepted=drafts.accepted))
-        if self.verifier is not None and hasattr(self.verifier, "stats"):
-            metrics.update(tagged("counters", verifier=self.verifier.stats(reset=True)))  # this step's accounting
-        for name, (value, reduce) in {**deltas.shaping_metrics(replay, self.method.alpha),  # α·Δ against A_GRPO
-                                      **self.method.step_metrics(groups)}.items():  # e.g. GiGPO's anchor share
-            metrics.update(tagged(reduce, **{name: value}))
-        for name, (value, reduce) in (out.teacher.metrics if out.teacher is not None else {}).items():
-            metrics.update(tagged(reduce, **{name: value}))
-        return metrics
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else 0.0
 
 
 @contextmanager

@@ -7,6 +7,8 @@ is sometimes executed instead of the expert's (the label stays the expert's), so
 cover states off the expert's path (DAgger-style). A model fitted on actions alone answers every
 prompt with an action, the bundle prompt included, so a few bundle-format demonstrations
 (`collect_bundle_demos`) keep it writing numbered criteria.
+Over 400 lines because the demonstrations, the fit, its child process and the record it leaves
+for later runs are one procedure whose parts share the same settings.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from orsd.engines import frozen, prefill
 from orsd.methods import make_method
 from orsd.envs.prompts import demonstration_answer
 
+from .forward import train_logprobs
 from .model import autocast, freeze_below, trim_heap
+from .packing import batch_positions, budget_batches, pack
 from .records import Trajectory
-from .replay import batch_positions, budget_batches, pack, train_logprobs
 from .rollout import build_context, render
 
 
@@ -195,7 +198,7 @@ def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_
 def detached_context_hidden(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
                             positions: list[torch.Tensor], frozen_states: tuple | None = None,
                             token_budget: int = 0) -> torch.Tensor:
-    """replay._hidden_rows's final hidden states (predicting each position in `positions[i]` of sequence
+    """forward._hidden_rows's final hidden states (predicting each position in `positions[i]` of sequence
     batch[i]) with every position before a sequence's first predicting one, its context, forwarded
     under no_grad: the contexts' keys/values are computed once without a graph (along their prefix
     tree), and each answer with the context token before it continues from them under autograd.
@@ -346,14 +349,14 @@ def _fit_in_child(config, out_dir: str, distrusted: dict, threads: int):
 RECORD = "warm_start.json"
 
 
-def write_record(config, out_dir) -> None:
+def write_record(config, out_dir, writes_bundles: bool) -> None:
     """warm_start.json in `out_dir`: a run that later starts from this policy with its own warm start
     off (`model.path=<run>/checkpoints/reference`, as orsd-study's arms do) still knows that the
     policy saw bundle demonstrations (`bundle_demos_shown`)."""
     import json
 
     w = config.warm_start
-    shown = w.bundle_demos if make_method(config).writes_bundles else 0  # as run_warm_start adds them
+    shown = w.bundle_demos if writes_bundles else 0  # as run_warm_start adds them
     record = {"env": config.env.name, "bundle_demos": shown, "episodes": w.episodes, "epochs": w.epochs,
               "seed": config.train.seed}
     (Path(out_dir) / RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -375,9 +378,11 @@ def bundle_demos_shown(config) -> int:
     return int(record.get("bundle_demos") or 0) if record.get("env") == config.env.name else 0
 
 
-def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | None = None) -> list[float]:
+def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | None = None,
+                   writes_bundles: bool | None = None) -> list[float]:
     """The configured warm start of `policy` in place; `precision` (default model.autocast) is the
-    autocast dtype of its forwards."""
+    autocast dtype of its forwards; `writes_bundles` (default: the config's method's) adds the
+    bundle demonstrations."""
     from tqdm.auto import tqdm
 
     from orsd.envs.prompts import prompt_templates
@@ -389,7 +394,9 @@ def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | N
                           config.env.max_actions, config.env.max_history_turns,
                           prompt_templates(config.env.name, config.env.prompt))
     actions = len(demos)
-    if make_method(config).writes_bundles and w.bundle_demos:
+    if writes_bundles is None:
+        writes_bundles = make_method(config).writes_bundles
+    if writes_bundles and w.bundle_demos:
         demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
                                       rng, config.rubric.generation_template or None, config.env.max_actions)
     steps = w.epochs * -(-len(demos) // w.batch_size)

@@ -11,23 +11,14 @@ import subprocess
 import sys
 
 import pytest
+from helpers.alfworld import SIZES  # cache_dir (tests/envs/conftest.py) is built with these sizes
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
 from orsd.envs import INFO_KEYS, Task, make  # noqa: E402
-from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
+from orsd.envs.alfworld import engine as alfworld_engine  # noqa: E402
 from orsd.envs.alfworld.env import NOTHING_HAPPENS, AlfworldEnv  # noqa: E402
 from orsd.envs.alfworld.scenes import TASK_TYPES  # noqa: E402
-
-SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One small generated task set per test session (built once, shared by the ALFWorld tests)."""
-    folder = tmp_path_factory.getbasetemp() / "alfworld-cache"
-    alfworld_generator.prepare(folder, 0, SIZES, num_workers=2)
-    return folder
 
 
 @pytest.fixture

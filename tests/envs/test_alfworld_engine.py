@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import inspect
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from helpers.alfworld import SIZES  # cache_dir (tests/envs/conftest.py) is built with these sizes
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
 from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
 
-SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
+def random_walk(env, gamefile, seed, steps):
+    """A fixed random walk: the observation, command list and `won` of every state along it. Played
+    here on our engine and, from this function's source (UPSTREAM), on the upstream stack."""
+    import random
 
-# Plays a fixed random walk with the untouched upstream stack (no orsd import: a fresh process,
-# so none of our memoisation is installed) and prints every observation and command list.
-UPSTREAM = textwrap.dedent("""
-    import json, random, sys
-    import textworld
-    from textworld.envs import PddlEnv
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-    gamefile, seed, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
-    env = AlfredDemangler(AlfredInfos(PddlEnv(infos)))
     env.load(gamefile)
     state = env.reset()
     rng = random.Random(seed)
@@ -33,29 +28,20 @@ UPSTREAM = textwrap.dedent("""
     for _ in range(steps):
         state, _, _ = env.step(rng.choice(state["admissible_commands"]))
         trace.append([state.feedback, state["admissible_commands"], state["won"]])
-    print(json.dumps(trace))
-""")
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One small generated task set per test session (built once, shared by the ALFWorld tests)."""
-    folder = tmp_path_factory.getbasetemp() / "alfworld-cache"
-    alfworld_generator.prepare(folder, 0, SIZES, num_workers=2)
-    return folder
-
-
-def ours(gamefile, seed, steps, engine):
-    import random
-
-    engine.load(gamefile)
-    state = engine.reset()
-    rng = random.Random(seed)
-    trace = [[state.feedback, state["admissible_commands"], state["won"]]]
-    for _ in range(steps):
-        state, _, _ = engine.step(rng.choice(state["admissible_commands"]))
-        trace.append([state.feedback, state["admissible_commands"], state["won"]])
     return trace
+
+
+# Plays the same walk with the untouched upstream stack (no orsd import: a fresh process,
+# so none of our memoisation is installed) and prints every observation and command list.
+UPSTREAM = inspect.getsource(random_walk) + textwrap.dedent("""
+    import json, sys
+    import textworld
+    from textworld.envs import PddlEnv
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
+    env = AlfredDemangler(AlfredInfos(PddlEnv(infos)))
+    print(json.dumps(random_walk(env, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
+""")
 
 
 def check_against_upstream(gamefile, seed, steps):
@@ -64,8 +50,8 @@ def check_against_upstream(gamefile, seed, steps):
     expected = json.loads(upstream.stdout)
     engine = alfworld_engine.new_engine()
     # twice: the second run goes through the shared caches (record, commands, parsers)
-    assert ours(gamefile, seed, steps, engine) == expected
-    assert ours(gamefile, seed, steps, engine) == expected
+    assert random_walk(engine, gamefile, seed, steps) == expected
+    assert random_walk(engine, gamefile, seed, steps) == expected
     alfworld_engine.close_engine(engine)
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.alfworld import SIZES  # cache_dir (tests/envs/conftest.py) is built with these sizes
 
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
@@ -15,16 +16,6 @@ from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_
 from orsd.envs.alfworld.generator import UNSEEN_FLOOR_PLANS, spec_stream  # noqa: E402
 from orsd.envs.alfworld.scenes import (FLOOR_PLANS, MAX_RECEPTACLES, TASK_TYPES, TaskSpec,  # noqa: E402
                                        build_problem, load_scene, room_type)
-
-SIZES = {"train": 12, "valid_seen": 6, "valid_unseen": 6}
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One small generated task set per test session (built once, shared by the ALFWorld tests)."""
-    folder = tmp_path_factory.getbasetemp() / "alfworld-cache"
-    alfworld_generator.prepare(folder, 0, SIZES, num_workers=2)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from orsd.methods.cripo import (SUPPRESSED_NEGATIVE, SUPPRESSED_ZERO, UNEXPLORED
                                 nonnegative_share, satisfied)
 from orsd.methods.distill import Distillation
 from orsd.rubric import Alignment, RubricBundle, VerifierResult
-from orsd.train.distill import response_weights
+from orsd.train.teacher import response_weights
 from orsd.train.records import Group, Trajectory, TurnRecord
-from orsd.train.replay import pack
+from orsd.train.packing import pack
 from scripted import small_config
 from tiny_model import make_tiny_qwen3
 

@@ -11,11 +11,12 @@ import torch
 
 from distill_steps import grpo_batch, max_abs, max_difference, method_step
 from orsd.methods.distill import Distillation, generalized_jsd, outside_logmass, sampled_reverse_kl, topk_support
-from orsd.train.loss import update
-from orsd.train.distill import DistillTerm, teacher_pass
+from orsd.train.loss import UpdateSpec, update
+from orsd.train.teacher import DistillTerm, teacher_pass
 from orsd.train.metrics import values
 from orsd.train.records import TurnRecord
-from orsd.train.replay import pack
+from orsd.train.packing import pack
+from orsd.train.replay import ReplaySpec
 from tiny_model import make_tiny_qwen3
 
 P = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64).log()  # student
@@ -113,14 +114,15 @@ def test_update_gradient_matches_a_direct_full_logits_computation(spec, tiny_tok
                turn([1, 7, 8], [50, 51, 52, 53], slot=3)]
     privileged = [[60, 61, 62, 63], [70, 71]]
     packed = pack(records)
-    teacher_view = teacher_pass(teacher, packed, records, privileged, [1.0, 1.0], spec, temperature,
-                                token_budget=4096, fused=False, chunk_tokens=2)
+    teacher_view = teacher_pass(teacher, packed, records, privileged, [1.0, 1.0], spec,
+                                ReplaySpec(temperature, 4096, fused=False), chunk_tokens=2)
     term = DistillTerm(spec, teacher_view, temperature)
     term.chunk_tokens = 3  # the student's chunks cut through both responses
     zeros = torch.zeros(len(packed.ids))
+    settings = UpdateSpec(temperature=temperature, micro_batch_tokens=10**6, clip_eps=0.2, dual_clip=0.0,
+                          log_ratio_clamp=20.0, kl_coef=0.0, grad_clip=0.0)
     metrics = values(update(student, torch.optim.SGD(student.parameters(), lr=0.0), packed, zeros, zeros, zeros,
-                            temperature=temperature, micro_batch_tokens=10**6, clip_eps=0.2, dual_clip=0.0,
-                            log_ratio_clamp=20.0, kl_coef=0.0, grad_clip=0.0, distill=term))
+                            settings, distill=term))
     through_update = [p.grad.clone() for p in student.parameters()]
     student.zero_grad()
     expected = direct_loss(spec, student, teacher, records, privileged, temperature)
@@ -138,7 +140,8 @@ def test_topk_teacher_pass_keeps_k_ids_per_token_and_no_vocab_tensor(tiny_tokeni
     teacher = make_tiny_qwen3(tiny_tokenizer, seed=1)
     records = [turn([1, 5, 9, 14], [40, 41, 42], slot=2), turn([1, 7], [50, 51], slot=1)]
     spec = Distillation("topk", coef=0.5, beta=0.0, top_k=4)
-    view = teacher_pass(teacher, pack(records), records, [[60, 61], None], [0.5, 0.5], spec, 1.0, 4096, fused=False)
+    view = teacher_pass(teacher, pack(records), records, [[60, 61], None], [0.5, 0.5], spec,
+                        ReplaySpec(1.0, 4096, fused=False))
     assert view.topk_ids.shape == (3, 4) and view.topk_ids.dtype == torch.int32  # 3 taught tokens, k = 4
     assert view.hidden is None
     assert view.weight.tolist() == [0, 0, 0, 0, 0.5, 0.5, 0.5, 0, 0, 0, 0]  # record 2 has no teacher

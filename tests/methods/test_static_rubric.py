@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.logprobs import lp_of_response
 from orsd import rubric
 from orsd.methods import make_method
 from orsd.methods.static_rubric import RubricFileError, load_rubric_file
@@ -67,15 +68,6 @@ def test_the_gpu_smoke_preset_uses_the_shipped_rubric(monkeypatch):
     method = make_method(load_config(ROOT / "configs" / "gpu_smoke_qwen3_1p7b.yaml"))
     assert method.name == "static_rubric" and not method.calls_verifier
     assert method.alpha == 0.01 and len(method.rubrics) == 6
-
-
-def lp_of_response(model, context, response, temperature):
-    """log π of each response token after `context` from one plain forward (the hand computation)."""
-    ids = context + response
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double() / temperature
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
-    return lp[-len(response):]
 
 
 def test_step_splices_the_file_rubric_and_says_why_a_task_has_none(tiny_model, tiny_tokenizer, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orsd.methods.distill import Distillation, generalized_jsd, outside_logmass, topk_support
-from orsd.train.distill import DistillTerm, Teacher
+from orsd.train.teacher import DistillTerm, Teacher
 
 
 def exact(student_logits, teacher_logits, k, beta):

@@ -1,6 +1,6 @@
 """Fixtures for the probe's tests: a tiny random Llama with SmolLM2's real tokenizer and chat
 template, saved as an HF dir (what `orsd-probe` loads), and the trainer tests' helpers on sys.path
-(scripted.py: the expert-replaying engine)."""
+(scripted.py: the expert-replaying engine). SmolLM2's tokenizer is tests/conftest.py's fixture."""
 
 import sys
 from pathlib import Path
@@ -9,13 +9,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-
-
-@pytest.fixture(scope="session")
-def smol_tokenizer():
-    from orsd.train.model import load_tokenizer
-
-    return load_tokenizer("smollm2-135m")
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from orsd import envs
 from orsd.probe import cli
 from orsd.probe.kinds import KINDS
 from orsd.probe.stats import SCORES
-from orsd.engines.hf import Generation
+from orsd.engines.base import Generation
 from scripted import BUNDLE, ExpertReplayEngine
 
 

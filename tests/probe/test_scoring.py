@@ -15,7 +15,7 @@ from orsd.rubric import RubricBundle
 from orsd.rubric.controls import content_free_bundle
 from orsd.train.config import load_config
 from orsd.train.evaluate import eval_tasks, make_eval_env
-from orsd.train.replay import paired_replay
+from orsd.train.replay import ReplaySpec, paired_replay
 
 
 def probe_setup(tokenizer, *overrides):
@@ -49,8 +49,8 @@ def test_probe_delta_equals_paired_replay_and_a_whole_forward(tiny_smol, smol_to
 
     biggest = 0.0
     for kind, kind_ids in ids.items():  # every kind, so the kept keys/values handed back are checked too
-        fresh = paired_replay(tiny_smol, records, [0.0] * len(records), [kind_ids] * len(records), 0.01, 0.7,
-                              config.replay.token_budget)
+        fresh = paired_replay(tiny_smol, records, [0.0] * len(records), [kind_ids] * len(records), 0.01,
+                              ReplaySpec(0.7, config.replay.token_budget))
         cu = fresh.packed.cu_seqlens.tolist()
         for j, record in enumerate(records):
             delta = fresh.delta[cu[j] + len(record.context_ids):cu[j + 1]].numpy()

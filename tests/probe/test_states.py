@@ -2,7 +2,7 @@
 and worse than the expert's, the policy's turns labelled against the expert."""
 
 from orsd import envs
-from orsd.engines.hf import Sampling
+from orsd.engines.base import Sampling
 from orsd.envs import parse_action
 from orsd.envs.prompts import demonstration_answer, prompt_templates
 from orsd.probe.states import expert_cost, expert_states, policy_replies, same_command

@@ -5,7 +5,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from orsd.report.plotting import LABEL_COLOURS, curve_styles, dodge, draw_curve, fit_limits
-from orsd.report.reporter import curve_data, curves_figure, plot_curves
+from orsd.report.curves import curve_data, curves_figure, plot_curves
 from orsd.report.run_dir import RunDir
 
 METHODS = ["cripo", "gigpo", "GRPO", "grpo_opsd", "offline_rubric", "opsd", "ORSD", "random_bundle", "sdar",

@@ -1,4 +1,6 @@
-"""Fixtures for trainer tests: the tiny random Qwen3 and its tokenizer (no download)."""
+"""Fixtures for trainer tests: a tiny random Llama with SmolLM2's real tokenizer, saved as an HF dir
+(no download), and this folder's helpers on sys.path (scripted.py, the worker scripts). The tiny
+random Qwen3, its tokenizer and SmolLM2's tokenizer are tests/conftest.py's."""
 
 import sys
 from pathlib import Path
@@ -7,25 +9,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny_model import make_tiny_qwen3, make_tiny_tokenizer  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    return make_tiny_tokenizer()
-
-
-@pytest.fixture
-def tiny_model(tiny_tokenizer):
-    return make_tiny_qwen3(tiny_tokenizer).train()
-
-
-@pytest.fixture(scope="session")
-def smol_tokenizer():
-    from orsd.train.model import load_tokenizer
-
-    return load_tokenizer("smollm2-135m")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from orsd.train.config import load_config  # noqa: E402
-from orsd.engines.hf import Generation, HfEngine  # noqa: E402
+from orsd.engines.base import Generation  # noqa: E402
+from orsd.engines.hf import HfEngine  # noqa: E402
 
 BUNDLE = """1. The agent searches with words taken from the task before clicking anything.
 2. The agent opens a product whose title matches the requested product type.

@@ -15,7 +15,8 @@ from orsd.train import delta as deltas
 from orsd.train.bundles import rubric_ids
 from orsd.train.model import frozen_copy
 from orsd.train.records import Group, Trajectory, TurnRecord
-from orsd.train.replay import pack, paired_replay, plain_replay, splice_privileged
+from orsd.train.packing import pack, splice_privileged
+from orsd.train.replay import ReplaySpec, paired_replay, plain_replay
 from orsd.train.rollout import build_context, render
 from orsd.train.config import Config
 from scripted import small_config
@@ -151,15 +152,15 @@ def test_with_a_model_that_reads_only_lengths_the_control_gives_zero_and_the_pap
     model = LengthOnly(len(smol_tokenizer))
     assert all(c is not None and len(c) == len(r) for c, r in zip(inputs.controls, inputs.rubrics))
     assert all(c != r for c, r in zip(inputs.controls, inputs.rubrics))  # other tokens, same length
-    out = paired_replay(model, inputs.records, inputs.advantages, inputs.rubrics, 0.5, 1.0, 65536,
-                        share_prefix=False, record_controls=inputs.controls)
+    out = paired_replay(model, inputs.records, inputs.advantages, inputs.rubrics, 0.5,
+                        ReplaySpec(1.0, 65536, share_prefix=False), record_controls=inputs.controls)
     response = out.packed.response_mask
     assert out.valid[response].all() and out.eligible.all()
     assert torch.equal(out.delta, torch.zeros_like(out.delta))
     assert torch.equal(out.advantages[response], torch.ones(int(response.sum())))
     assert (out.delta_paper[response].abs() > 1e-3).all()
-    paper = paired_replay(model, inputs.records, inputs.advantages, inputs.rubrics, 0.5, 1.0, 65536,
-                          share_prefix=False)
+    paper = paired_replay(model, inputs.records, inputs.advantages, inputs.rubrics, 0.5,
+                          ReplaySpec(1.0, 65536, share_prefix=False))
     assert torch.equal(paper.delta, out.delta_paper)  # the paper's Δ, recorded beside the control's
     assert paper.delta_paper is None
 
@@ -179,7 +180,7 @@ def test_a_group_without_a_control_gets_e_zero(smol_tokenizer):
     inputs = deltas.replay_inputs(smol_tokenizer, config, groups, advantages, [B_STAR, B_STAR], controls)
     assert inputs.rubrics[1] is None and inputs.controls[1] is None and inputs.rubrics[0] is not None
     out = paired_replay(LengthOnly(len(smol_tokenizer)), inputs.records, inputs.advantages, inputs.rubrics, 0.5,
-                        1.0, 65536, share_prefix=False, record_controls=inputs.controls)
+                        ReplaySpec(1.0, 65536, share_prefix=False), record_controls=inputs.controls)
     assert out.eligible.tolist() == [True, False]
     second = slice(int(out.packed.cu_seqlens[1]), None)
     assert not out.valid[second].any() and (out.delta[second] == 0).all()
@@ -225,9 +226,11 @@ def test_the_control_pass_equals_whole_forwards_of_both_spliced_contexts(tiny_mo
         record_controls.append(None if i == 6 else controls[i % 2])
     advantages = [0.5 * i - 1 for i in range(len(records))]
     tiny_model.eval()
-    plain = plain_replay(tiny_model, records, 1.0, 4096, share_prefix=share_prefix, keep_prefixes=reuse_plain)
-    out = paired_replay(tiny_model, records, advantages, record_rubrics, 0.25, 1.0, 4096, share_prefix=share_prefix,
-                        plain=plain, reuse_plain=reuse_plain, record_controls=record_controls)
+    plain = plain_replay(tiny_model, records, ReplaySpec(1.0, 4096, share_prefix=share_prefix),
+                         keep_prefixes=reuse_plain)
+    out = paired_replay(tiny_model, records, advantages, record_rubrics, 0.25,
+                        ReplaySpec(1.0, 4096, share_prefix=share_prefix, reuse_plain=reuse_plain), plain=plain,
+                        record_controls=record_controls)
     def span(s):
         return slice(int(out.packed.cu_seqlens[s]) + len(records[s].context_ids), int(out.packed.cu_seqlens[s + 1]))
 
@@ -257,7 +260,8 @@ def test_one_pass_forwards_b_stars_and_the_controls_rows(tiny_model, monkeypatch
     monkeypatch.setattr(replay, "replay_logprobs", lambda *a, **k: calls.append(
         (a[1].tolist(), k.get("prefixes") is not None)) or original(*a, **k))
     records = [TurnRecord(0, [5, 6, 7, 8], [9, 10], [0.0, 0.0], 2, "", None, "", True, False, False, False)]
-    paired_replay(tiny_model, records, [1.0], [[11, 12, 13]], 0.1, 1.0, 4096, record_controls=[[14, 15, 16]])
+    paired_replay(tiny_model, records, [1.0], [[11, 12, 13]], 0.1, ReplaySpec(1.0, 4096),
+                  record_controls=[[14, 15, 16]])
     assert calls == [([5, 6, 7, 8, 9, 10], False),  # the plain pass, then B*'s and the control's sequences
                      ([5, 6, 11, 12, 13, 7, 8, 9, 10, 5, 6, 14, 15, 16, 7, 8, 9, 10], True)]
 
@@ -342,17 +346,17 @@ def test_the_joined_pass_shares_b_stars_and_the_controls_stems_as_two_passes_wou
     tiny_model.eval()
 
     def run(rubrics, controls=None):
-        plain = plain_replay(tiny_model, records, 1.0, 4096, keep_prefixes=True)
-        return tokens_forwarded(tiny_model, lambda: paired_replay(tiny_model, records, advantages, rubrics, 0.5, 1.0,
-                                                                  4096, plain=plain, record_controls=controls))
+        plain = plain_replay(tiny_model, records, ReplaySpec(1.0, 4096), keep_prefixes=True)
+        return tokens_forwarded(tiny_model, lambda: paired_replay(
+            tiny_model, records, advantages, rubrics, 0.5, ReplaySpec(1.0, 4096), plain=plain, record_controls=controls))
 
     joined, joined_tokens = run([b_star] * 6, [control] * 6)
     _, b_star_tokens = run([b_star] * 6)
     _, control_tokens = run([control] * 6)
     assert joined_tokens <= b_star_tokens + control_tokens
     assert b_star_tokens < 6 * len(b_star)  # each side's message forwarded once per task, not per record
-    whole = paired_replay(tiny_model, records, advantages, [b_star] * 6, 0.5, 1.0, 4096, share_prefix=False,
-                          record_controls=[control] * 6)
+    whole = paired_replay(tiny_model, records, advantages, [b_star] * 6, 0.5,
+                          ReplaySpec(1.0, 4096, share_prefix=False), record_controls=[control] * 6)
     assert joined.valid.sum() > 0 and torch.equal(joined.valid, whole.valid)
     torch.testing.assert_close(joined.delta, whole.delta, rtol=0, atol=4e-5)
     torch.testing.assert_close(joined.delta_paper, whole.delta_paper, rtol=0, atol=4e-5)

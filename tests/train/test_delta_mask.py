@@ -9,7 +9,7 @@ import torch
 from orsd.envs.actions import scaffold_spans
 from orsd.train.delta import format_keep, shaping_metrics
 from orsd.train.records import TurnRecord
-from orsd.train.replay import paired_replay
+from orsd.train.replay import ReplaySpec, paired_replay
 from scripted import ScriptedEngine, small_config
 
 REPLY = "<think>find it</think><action>search[red shirt]</action>"
@@ -64,8 +64,8 @@ def test_masked_format_tokens_get_e_zero_and_the_others_keep_delta(tiny_model, t
     keep = format_keep(tiny_tokenizer, response, {})
     assert not all(keep) and any(keep)
     rubric = [11, 12, 13, 14]
-    plain = paired_replay(tiny_model, records, [1.0, -1.0], [rubric, rubric], 0.5, 1.0, 4096)
-    masked = paired_replay(tiny_model, records, [1.0, -1.0], [rubric, rubric], 0.5, 1.0, 4096,
+    plain = paired_replay(tiny_model, records, [1.0, -1.0], [rubric, rubric], 0.5, ReplaySpec(1.0, 4096))
+    masked = paired_replay(tiny_model, records, [1.0, -1.0], [rubric, rubric], 0.5, ReplaySpec(1.0, 4096),
                            record_keep=[keep, None])  # the second record unmasked: as the paper
     first = slice(5, 5 + len(response))
     flags = torch.tensor(keep)

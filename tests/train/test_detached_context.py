@@ -9,7 +9,8 @@ import torch
 
 from orsd.engines import prefill
 from orsd.train.model import freeze_below
-from orsd.train.replay import batch_positions, pack, train_logprobs
+from orsd.train.forward import train_logprobs
+from orsd.train.packing import batch_positions, pack
 from orsd.train.warmstart import detached_context_hidden, warm_start
 
 from tiny_model import make_tiny_qwen3

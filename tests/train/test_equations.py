@@ -9,12 +9,13 @@ from scripted import ScriptedEngine, small_config
 from orsd.envs.base import Task
 from orsd.methods import make_method
 from orsd.train.build import build_verifier, make_env
-from orsd.train.loss import per_token_loss
+from orsd.train.loss import UpdateSpec, per_token_loss
 from orsd.train.loss import update as tagged_update
 from orsd.train.metrics import values
 from orsd.train.model import frozen_copy
 from orsd.train.records import Group, Trajectory, TurnRecord
-from orsd.train.replay import pack, paired_replay
+from orsd.train.packing import pack
+from orsd.train.replay import ReplaySpec, paired_replay
 from orsd.train.trainer import Trainer
 
 
@@ -57,8 +58,7 @@ def test_eq8_9_delta_and_shaped_advantage(tiny_model, temperature):
                record([1, 2, 6], [14, 15], slot=3),  # slot at the end of the context
                record([1, 3, 3, 3], [16], slot=1)]
     alpha, advantages = 0.5, [1.0, -2.0, 0.25]
-    out = paired_replay(tiny_model, records, advantages, [rubric, rubric, None], alpha, temperature,
-                        token_budget=64)
+    out = paired_replay(tiny_model, records, advantages, [rubric, rubric, None], alpha, ReplaySpec(temperature, 64))
     cursor = 0
     for s, rec in enumerate(records):
         plain = rec.context_ids + rec.response_ids
@@ -96,8 +96,8 @@ def test_eq11_14_update_gradient_equals_the_hand_written_loss(tiny_model, packin
 
     model_a, model_b = tiny_model, copy.deepcopy(tiny_model)
     metrics = update(model_a, torch.optim.SGD(model_a.parameters(), lr=0.0), packed, old, ref, adv,
-                     temperature=1.0, micro_batch_tokens=budget, grad_clip=0.0, share_prefix=True, packing=packing,
-                     **kw)
+                     UpdateSpec(temperature=1.0, micro_batch_tokens=budget, grad_clip=0.0, share_prefix=True,
+                                packing=packing, **kw))
     from orsd.train.loss import microbatches
 
     assert microbatches(packed, budget, by_prefix=packing == "prefix") == grouping
@@ -138,7 +138,7 @@ def test_eq14_micro_batch_size_one_is_a_per_record_token_mean(tiny_model):
     kw = dict(clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0, kl_coef=0.05)
     model_a, model_b = tiny_model, copy.deepcopy(tiny_model)
     metrics = update(model_a, torch.optim.SGD(model_a.parameters(), lr=0.0), packed, old, ref, adv,
-                     temperature=1.0, micro_batch_tokens=10**6, micro_batch_size=1, grad_clip=0.0, **kw)
+                     UpdateSpec(temperature=1.0, micro_batch_tokens=10**6, grad_clip=0.0, micro_batch_size=1, **kw))
     assert metrics["micro_batches"] == 3  # one record each, although all fit one token budget
     model_b.train()
     total = 0.0
@@ -167,7 +167,8 @@ def test_alpha_zero_orsd_equals_grpo(tiny_model, tiny_tokenizer):
                    engine=ScriptedEngine(tiny_model, tiny_tokenizer))
     groups = orsd.rollout(orsd.sample_tasks())
     advantages = orsd.method.advantages(groups)
-    candidates = orsd.method.write_bundles(groups, orsd.write_bundles)
+    request = orsd.method.bundle_request(groups)
+    candidates = orsd.method.candidates(groups, request, orsd.write_bundles(request))
     bundles = [c.bundles[0] for c in candidates]  # make sure the rubric path is really exercised
     replay_orsd = orsd.paired_replay(groups, advantages, bundles)
     assert replay_orsd.valid.any()
@@ -179,12 +180,12 @@ def test_alpha_zero_orsd_equals_grpo(tiny_model, tiny_tokenizer):
 
     reference_lp = orsd.reference_logprobs(replay_orsd)
     model_b = copy.deepcopy(tiny_model)
-    zero = dict(temperature=1.0, micro_batch_tokens=4096, clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0,
-                kl_coef=1e-3, grad_clip=0.0)
+    zero = UpdateSpec(temperature=1.0, micro_batch_tokens=4096, clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0,
+                      kl_coef=1e-3, grad_clip=0.0)
     m_a = update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.0), replay_orsd.packed,
-                 replay_orsd.old_logprobs, reference_lp, replay_orsd.advantages, **zero)
+                 replay_orsd.old_logprobs, reference_lp, replay_orsd.advantages, zero)
     m_b = update(model_b, torch.optim.SGD(model_b.parameters(), lr=0.0), replay_grpo.packed,
-                 replay_grpo.old_logprobs, reference_lp, replay_grpo.advantages, **zero)
+                 replay_grpo.old_logprobs, reference_lp, replay_grpo.advantages, zero)
     assert m_a["loss"] == m_b["loss"]
     for a, b in zip(tiny_model.parameters(), model_b.parameters()):
         assert torch.equal(a.grad, b.grad)

@@ -8,7 +8,8 @@ import torch
 
 from orsd.engines import frozen, prefill
 from orsd.train.model import freeze_below
-from orsd.train.replay import batch_positions, pack, train_logprobs
+from orsd.train.forward import train_logprobs
+from orsd.train.packing import batch_positions, pack
 from orsd.train.warmstart import Demo, warm_start
 
 from tiny_model import make_tiny_qwen3
@@ -161,18 +162,21 @@ def test_paired_replay_keeps_the_frozen_states_and_gives_the_same_numbers(four_l
     """reuse_frozen: the plain pass runs the frozen layers once per record and the rest from their
     states: the same log-probs, Δ and advantages as whole forwards (fp32), and the states kept are
     each record's own. With every layer trained there is nothing to keep."""
-    from orsd.train.replay import paired_replay
+    from orsd.train.replay import ReplaySpec, paired_replay
 
     from test_shared_prefix import records_and_rubrics
 
     records, privileged = records_and_rubrics(seed=2)
     advantages = [(-1.0) ** i for i in range(len(records))]
     with torch.no_grad():
-        plain = paired_replay(four_layers, records, advantages, privileged, 0.5, 0.9, 4096, reuse_frozen=True)
+        plain = paired_replay(four_layers, records, advantages, privileged, 0.5,
+                              ReplaySpec(0.9, 4096, reuse_frozen=True))
         assert plain.frozen_states is None  # nothing frozen
         freeze_below(four_layers, 2, "optim.train_layers")
-        reused = paired_replay(four_layers, records, advantages, privileged, 0.5, 0.9, 4096, reuse_frozen=True)
-        whole = paired_replay(four_layers, records, advantages, privileged, 0.5, 0.9, 4096, reuse_frozen=False)
+        reused = paired_replay(four_layers, records, advantages, privileged, 0.5,
+                               ReplaySpec(0.9, 4096, reuse_frozen=True))
+        whole = paired_replay(four_layers, records, advantages, privileged, 0.5,
+                              ReplaySpec(0.9, 4096, reuse_frozen=False))
         assert whole.frozen_states is None
         split, states = reused.frozen_states
         assert split == 2 and len(states) == len(records)
@@ -188,16 +192,17 @@ def test_paired_replay_keeps_the_frozen_states_and_gives_the_same_numbers(four_l
 def test_the_reference_pass_and_the_update_from_the_plain_pass_states(four_layers):
     """The reference (a frozen copy) and the update started from the replay's states: the reference
     log-probs, the update's metrics and the weights after it equal those of whole forwards."""
-    from orsd.train.loss import update
+    from orsd.train.loss import UpdateSpec, update
     from orsd.train.model import frozen_copy
-    from orsd.train.replay import paired_replay, replay_logprobs
+    from orsd.train.forward import replay_logprobs
+    from orsd.train.replay import ReplaySpec, paired_replay
 
     records = group_records(seed=6)
     freeze_below(four_layers, 2, "optim.train_layers")
     reference = frozen_copy(four_layers)
     with torch.no_grad():
         replay = paired_replay(four_layers, records, [1.0, -1.0] * (len(records) // 2) + [0.5] * (len(records) % 2),
-                               [None] * len(records), 0.0, 1.0, 4096, reuse_frozen=True)
+                               [None] * len(records), 0.0, ReplaySpec(1.0, 4096, reuse_frozen=True))
     p, states = replay.packed, replay.frozen_states
     assert states is not None
     refs = [replay_logprobs(reference, p.ids, p.cu_seqlens, p.response_mask, 1.0, 4096, share_prefix=True,
@@ -208,9 +213,10 @@ def test_the_reference_pass_and_the_update_from_the_plain_pass_states(four_layer
     for given in (states, None):
         model = copy.deepcopy(four_layers)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-3)
-        metrics = update(model, optimizer, p, replay.old_logprobs, reference_lp, replay.advantages, temperature=1.0,
-                         micro_batch_tokens=96, clip_eps=0.2, dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.05,
-                         grad_clip=1.0, share_prefix=True, packing="prefix", frozen_states=given)
+        metrics = update(model, optimizer, p, replay.old_logprobs, reference_lp, replay.advantages,
+                         UpdateSpec(temperature=1.0, micro_batch_tokens=96, clip_eps=0.2, dual_clip=3.0,
+                                    log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0, share_prefix=True,
+                                    packing="prefix"), frozen_states=given)
         results.append(({k: m.value for k, m in metrics.items()}, [q.detach().clone() for q in model.parameters()]))
     (reused, reused_weights), (whole, whole_weights) = results
     assert reused["micro_batches"] == whole["micro_batches"] > 1
@@ -227,17 +233,17 @@ def test_the_rubric_pass_continues_from_a_plain_pass_that_ran_its_frozen_layers_
     plain pass keeps every layer's keys/values, the frozen layers' from bottom_states and the rest
     from the layers above, equal to those a plain pass without frozen layers keeps; the rubric pass
     continues from them (fewer tokens) and gives whole forwards' Δ and advantages (fp32)."""
-    from orsd.train.replay import paired_replay, plain_replay
+    from orsd.train.replay import ReplaySpec, paired_replay, plain_replay
 
     records = group_records(seed=6, history=history)
     rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
     privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
     advantages = [float(i % 3) - 1 for i in range(len(records))]
     with torch.no_grad():
-        unfrozen = plain_replay(four_layers, records, 1.0, 4096, keep_prefixes=True, reuse_frozen=True)
+        unfrozen = plain_replay(four_layers, records, ReplaySpec(1.0, 4096, reuse_frozen=True), keep_prefixes=True)
         assert unfrozen.frozen_states is None
         freeze_below(four_layers, 2, "optim.train_layers")
-        plain = plain_replay(four_layers, records, 1.0, 4096, keep_prefixes=True, reuse_frozen=True)
+        plain = plain_replay(four_layers, records, ReplaySpec(1.0, 4096, reuse_frozen=True), keep_prefixes=True)
         assert plain.frozen_states is not None and plain.frozen_states[0] == 2
         kept, expected = plain.prefixes, unfrozen.prefixes
         assert sorted(kept.sequences) == sorted(expected.sequences) and len(kept) > 0
@@ -248,9 +254,9 @@ def test_the_rubric_pass_continues_from_a_plain_pass_that_ran_its_frozen_layers_
                 torch.testing.assert_close(keys, want_keys, rtol=1e-4, atol=5e-5)
                 torch.testing.assert_close(values, want_values, rtol=1e-4, atol=5e-5)
         reused, reused_tokens = tokens_forwarded(four_layers, lambda: paired_replay(
-            four_layers, records, advantages, privileged, 0.3, 1.0, 4096, reuse_frozen=True, plain=plain))
+            four_layers, records, advantages, privileged, 0.3, ReplaySpec(1.0, 4096, reuse_frozen=True), plain=plain))
         whole, whole_tokens = tokens_forwarded(four_layers, lambda: paired_replay(
-            four_layers, records, advantages, privileged, 0.3, 1.0, 4096, share_prefix=False))
+            four_layers, records, advantages, privileged, 0.3, ReplaySpec(1.0, 4096, share_prefix=False)))
     assert reused.valid.any() and torch.equal(reused.valid, whole.valid)
     for name in ("old_logprobs", "delta", "advantages"):
         torch.testing.assert_close(getattr(reused, name), getattr(whole, name), rtol=0, atol=4e-5)

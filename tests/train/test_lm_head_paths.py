@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from orsd import ops
-from orsd.train.loss import update
+from orsd.train.loss import UpdateSpec, update
 from orsd.train.metrics import values
-from orsd.train.replay import batch_positions, pack, train_logprobs
+from orsd.train.forward import train_logprobs
+from orsd.train.packing import batch_positions, pack
 from orsd.train.records import TurnRecord
 
 
@@ -107,17 +108,15 @@ def test_update_uses_the_fused_head_by_default_and_agrees_with_chunked(tiny_mode
     for lm_head in ("fused", "chunked"):
         model = copy.deepcopy(tiny_model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        metrics = update(model, optimizer, packed, old, ref, advantages, temperature=1.0, micro_batch_tokens=64,
-                         clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0, kl_coef=1e-3, grad_clip=0.0,
-                         lm_head=lm_head)
+        metrics = update(model, optimizer, packed, old, ref, advantages,
+                         UpdateSpec(temperature=1.0, micro_batch_tokens=64, clip_eps=0.2, dual_clip=0.0,
+                                    log_ratio_clamp=20.0, kl_coef=1e-3, grad_clip=0.0, lm_head=lm_head))
         results[lm_head] = (values(metrics), dict(model.named_parameters()))
     for key in ("loss", "entropy", "kl"):
         assert results["fused"][0][key] == pytest.approx(results["chunked"][0][key], rel=1e-5, abs=1e-7)
     for name, parameter in results["chunked"][1].items():
         torch.testing.assert_close(results["fused"][1][name], parameter, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
-    import inspect
-
-    assert inspect.signature(update).parameters["lm_head"].default == "fused"
+    assert UpdateSpec(1.0, 64, 0.2, 0.0, 20.0, 0.0, 0.0).lm_head == "fused"  # the update's default
 
 
 def test_bad_lm_head_name_is_refused(tiny_model, tiny_tokenizer):

@@ -27,24 +27,24 @@ def test_a_twin_shares_every_tensor_and_no_module(tiny_model):
     assert torch.equal(other.lm_head.weight, tiny_model.lm_head.weight)
 
 
-def test_beside_reraises_on_the_callers_thread_and_says_when_it_is_busy():
-    def fails(started):
+def test_beside_reraises_on_the_callers_thread_and_runs_on_one_intra_op_thread():
+    def fails():
         raise RuntimeError("writer broke")
 
     worker = Beside(fails, lambda: torch.autocast("cpu", enabled=False))
-    assert worker.busy() is False  # it ended without starting its job
     with pytest.raises(RuntimeError, match="writer broke"):
         worker.result()
 
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
-    def waits(started):
-        started()
+    def waits():
+        started.set()
         assert release.wait(10)
         return torch.get_num_threads()
 
     worker = Beside(waits, lambda: torch.autocast("cpu", enabled=False))
-    assert worker.busy() is True
+    assert started.wait(10)
+    assert any(t.name == "orsd-bundles" for t in threading.enumerate())  # still running, on its thread
     release.set()
     assert worker.result() == 1  # one intra-op thread on its own thread
 

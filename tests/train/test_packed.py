@@ -12,7 +12,8 @@ import torch
 from torch.profiler import profile
 
 from orsd.engines import decode as decode_module
-from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.base import Sampling
+from orsd.engines.hf import HfEngine
 from orsd.engines import packed as packed_module
 from orsd.engines.packed import MAX_ROWS, is_packed, packed_linears, packs_bf16
 

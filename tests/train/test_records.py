@@ -12,9 +12,11 @@ import torch
 from orsd import envs, ops
 from orsd.envs.prompts import build_messages
 from orsd.train.bundles import rubric_ids
-from orsd.engines.hf import Generation, HfEngine, Sampling
+from orsd.engines.base import Generation, Sampling
+from orsd.engines.hf import HfEngine
 from orsd.train.model import load_tokenizer
-from orsd.train.replay import pack, paired_replay
+from orsd.train.packing import pack
+from orsd.train.replay import ReplaySpec, paired_replay
 from orsd.train.rollout import build_context, render, rollout
 
 RUBRIC_TEXT = "Process rubric for this task (privileged guidance):\n1. Search first.\n2. Check the price."
@@ -152,7 +154,8 @@ def test_alignment_mask_is_zero_where_splicing_fails(smol_tokenizer, smol_shaped
 
     rubric = rubric_ids(smol_tokenizer, RUBRIC_TEXT, "system")
     # record 0 splices; record 1 has no usable slot (the trainer passes None for it): e = 0 there
-    out = paired_replay(smol_shaped_model, [rec(slot), rec(-1)], [1.0, 1.0], [rubric, None], 0.1, 1.0, 65536)
+    out = paired_replay(smol_shaped_model, [rec(slot), rec(-1)], [1.0, 1.0], [rubric, None], 0.1,
+                        ReplaySpec(1.0, 65536))
     length = len(context) + len(response)
     assert out.valid[:length].sum() == len(response)
     assert not out.valid[length:].any()

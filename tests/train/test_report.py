@@ -1,7 +1,7 @@
 """Reporting of a run directory: TensorBoard scalars, curves.png, report.html, `orsd-report`.
 
 The run directories are written here by hand (with the trainer's own RunDir appender and config
-writer), with the record shapes of Trainer.step_metrics(), records.group_record() and eval.jsonl."""
+writer), with the record shapes of step_records.step_metrics(), records.group_record() and eval.jsonl."""
 
 import html
 import json
@@ -15,7 +15,10 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from orsd.train.config import load_config, to_dict
-from orsd.report.reporter import Reporter, curve_data, ema, flatten, main, pick_groups, plot_curves, write_report
+from orsd.report.cli import main, write_report
+from orsd.report.curves import curve_data, ema, plot_curves
+from orsd.report.logger import Reporter, flatten
+from orsd.report.records import pick_groups
 from orsd.report.html import delta_heatmap
 from orsd.report.run_dir import RunDir
 

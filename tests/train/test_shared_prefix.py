@@ -9,7 +9,7 @@ import torch
 
 from orsd.train.model import autocast
 from orsd.train.records import TurnRecord
-from orsd.train.replay import paired_replay
+from orsd.train.replay import ReplaySpec, paired_replay
 
 
 def record(context, response, slot):
@@ -59,8 +59,8 @@ def tokens_forwarded(model, fn):
 def test_shared_prefix_equals_two_whole_passes(tiny_model, token_budget, fused):
     records, privileged = records_and_rubrics()
     advantages = [0.5 * i - 2 for i in range(len(records))]
-    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3, 0.8,  # noqa: E731
-                                      token_budget, fused, share_prefix=share)
+    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3,
+                                      ReplaySpec(0.8, token_budget, fused=fused, share_prefix=share))
     shared, shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
     whole, whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
     assert shared.valid.sum() > 0 and torch.equal(shared.valid, whole.valid)
@@ -86,8 +86,8 @@ def test_paired_replay_forwards_what_a_step_shares_once(tiny_model):
     rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
     privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
     advantages = [1.0] * len(records)
-    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3, 1.0, 4096,  # noqa: E731
-                                      share_prefix=share)
+    run = lambda share: paired_replay(tiny_model, records, advantages, privileged, 0.3,
+                                      ReplaySpec(1.0, 4096, share_prefix=share))
     shared, shared_tokens = tokens_forwarded(tiny_model, lambda: run(True))
     whole, whole_tokens = tokens_forwarded(tiny_model, lambda: run(False))
     assert whole_tokens == sum(r.num_tokens for r in records) + sum(r.num_tokens + len(p) for r, p in
@@ -107,13 +107,13 @@ def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget, his
     and values at its slot. Same log-probs, Δ and advantages as recomputing the shared context
     (fp32), and the rubric pass forwards only each record's rubric and what follows its slot
     (fewer where the rubric starts with the tokens that follow the slot in a kept sequence)."""
-    from orsd.train.replay import plain_replay
+    from orsd.train.replay import ReplaySpec, plain_replay
 
     records = group_records(seed=6, history=history)
     rubrics = [[7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
     privileged = [rubrics[i // 9] if i < 18 else None for i in range(len(records))]
     advantages = [float(i % 3) - 1 for i in range(len(records))]
-    plain = plain_replay(tiny_model, records, 1.0, token_budget, keep_prefixes=True)
+    plain = plain_replay(tiny_model, records, ReplaySpec(1.0, token_budget), keep_prefixes=True)
     kept = plain.prefixes
     # kept: the sequences no other extends (with a history, each trajectory's last turn), and the
     # unrelated record
@@ -122,11 +122,11 @@ def test_rubric_pass_continues_from_the_plain_pass(tiny_model, token_budget, his
     assert {tuple(s) for s in kept.sequences} == ends and len(ends) == kept_count <= len(sequences)
     assert all(len(kv) == len(tiny_model.get_decoder().layers) for kv in kept.kv)
     reused, reused_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
-        tiny_model, records, advantages, privileged, 0.3, 1.0, token_budget, plain=plain))
+        tiny_model, records, advantages, privileged, 0.3, ReplaySpec(1.0, token_budget), plain=plain))
     assert plain.prefixes is None  # released once the rubric pass ran
     again, again_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
-        tiny_model, records, advantages, privileged, 0.3, 1.0, token_budget, plain=plain_replay(
-            tiny_model, records, 1.0, token_budget), reuse_plain=False))
+        tiny_model, records, advantages, privileged, 0.3, ReplaySpec(1.0, token_budget, reuse_plain=False),
+        plain=plain_replay(tiny_model, records, ReplaySpec(1.0, token_budget))))
     assert reused.valid.sum() > 0 and torch.equal(reused.valid, again.valid)
     torch.testing.assert_close(reused.old_logprobs, again.old_logprobs, rtol=0, atol=0)
     torch.testing.assert_close(reused.delta, again.delta, rtol=0, atol=4e-5)
@@ -143,7 +143,7 @@ def test_rubric_pass_forwards_a_stem_its_records_share_once(tiny_model, token_bu
     context token and its response. Δ as without reuse (fp32); a stem that saves less than one more
     forward costs (PAD_TOKENS) is not made."""
     from orsd.engines.tree import PAD_TOKENS
-    from orsd.train.replay import plain_replay
+    from orsd.train.replay import ReplaySpec, plain_replay
 
     rng = random.Random(11)
     tokens = lambda n: [rng.randrange(3, 60) for _ in range(n)]  # noqa: E731
@@ -159,10 +159,11 @@ def test_rubric_pass_forwards_a_stem_its_records_share_once(tiny_model, token_bu
     records.append(record(tokens(9) + prompt_tail, [7, 8], 9))  # a record of its own
     privileged.append(long_rubric)
     advantages = [1.0] * len(records)
-    plain = plain_replay(tiny_model, records, 1.0, token_budget, keep_prefixes=True)
+    plain = plain_replay(tiny_model, records, ReplaySpec(1.0, token_budget), keep_prefixes=True)
     reused, reused_tokens = tokens_forwarded(tiny_model, lambda: paired_replay(
-        tiny_model, records, advantages, privileged, 0.5, 1.0, token_budget, plain=plain))
-    again = paired_replay(tiny_model, records, advantages, privileged, 0.5, 1.0, token_budget, reuse_plain=False)
+        tiny_model, records, advantages, privileged, 0.5, ReplaySpec(1.0, token_budget), plain=plain))
+    again = paired_replay(tiny_model, records, advantages, privileged, 0.5,
+                          ReplaySpec(1.0, token_budget, reuse_plain=False))
     assert reused.valid.sum() > 0 and torch.equal(reused.valid, again.valid)
     torch.testing.assert_close(reused.delta, again.delta, rtol=0, atol=4e-5)
     # a record continues at its slot, its rubric and the generation prompt up to the position that
@@ -242,8 +243,10 @@ def test_shared_prefix_under_bf16_autocast(tiny_model):
     records, privileged = records_and_rubrics(seed=1)
     advantages = [1.0] * len(records)
     with autocast(tiny_model, "bfloat16"):
-        shared = paired_replay(tiny_model, records, advantages, privileged, 1.0, 1.0, 4096, share_prefix=True)
-        whole = paired_replay(tiny_model, records, advantages, privileged, 1.0, 1.0, 4096, share_prefix=False)
+        shared = paired_replay(tiny_model, records, advantages, privileged, 1.0,
+                               ReplaySpec(1.0, 4096, share_prefix=True))
+        whole = paired_replay(tiny_model, records, advantages, privileged, 1.0,
+                              ReplaySpec(1.0, 4096, share_prefix=False))
     mask = shared.packed.response_mask
     assert torch.isfinite(shared.old_logprobs).all() and torch.isfinite(shared.delta).all()
     assert shared.old_logprobs[mask].numpy() == pytest.approx(whole.old_logprobs[mask].numpy(), abs=0.1)
@@ -254,8 +257,9 @@ def test_no_rubric_anywhere_gives_the_plain_pass(tiny_model):
     """GRPO's replay (no privileged ids) goes through the same path; Δ = 0, e = 0, A = A_GRPO."""
     records, _ = records_and_rubrics(seed=2)
     advantages = [float(i) for i in range(len(records))]
-    shared = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5, 1.0, 128)
-    whole = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5, 1.0, 128, share_prefix=False)
+    shared = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5, ReplaySpec(1.0, 128))
+    whole = paired_replay(tiny_model, records, advantages, [None] * len(records), 0.5,
+                          ReplaySpec(1.0, 128, share_prefix=False))
     assert not shared.valid.any() and (shared.delta == 0).all()
     assert shared.old_logprobs.numpy() == pytest.approx(whole.old_logprobs.numpy(), abs=2e-5)
     assert torch.equal(shared.advantages, whole.advantages)
@@ -290,7 +294,8 @@ def group_records(seed=1, history=False):
 def test_reference_pass_with_shared_prefixes_equals_whole_forwards(tiny_model, token_budget, fused):
     """replay_logprobs(share_prefix=True), the reference pass: the log-probs of whole padded
     forwards (fp32) at every response token, 0 elsewhere, from far fewer tokens forwarded."""
-    from orsd.train.replay import pack, replay_logprobs
+    from orsd.train.forward import replay_logprobs
+    from orsd.train.packing import pack
 
     packed = pack(group_records())
     run = lambda share: replay_logprobs(tiny_model, packed.ids, packed.cu_seqlens, packed.response_mask,  # noqa: E731
@@ -305,7 +310,8 @@ def test_reference_pass_with_shared_prefixes_equals_whole_forwards(tiny_model, t
 
 
 def test_reference_pass_under_bf16_autocast_is_close_to_whole_forwards(tiny_model):
-    from orsd.train.replay import pack, replay_logprobs
+    from orsd.train.forward import replay_logprobs
+    from orsd.train.packing import pack
 
     packed = pack(group_records(seed=2))
     with autocast(tiny_model, "bfloat16"):
@@ -320,7 +326,8 @@ def test_update_forward_with_shared_prefixes_equals_whole_forwards(tiny_model, l
     """train_logprobs(share_prefix=True), the update's and the warm start's forward: the log-probs
     and every parameter's gradient of whole padded forwards (fp32), from fewer tokens forwarded."""
     from orsd.train.model import freeze_below
-    from orsd.train.replay import batch_positions, pack, train_logprobs
+    from orsd.train.forward import train_logprobs
+    from orsd.train.packing import batch_positions, pack
 
     packed = pack(group_records(seed=3))
     batch = list(range(packed.num_sequences))
@@ -351,8 +358,8 @@ def test_update_with_shared_prefixes_takes_the_same_step(tiny_model):
     the step (fp32, a step with PPO clipping and the k3 KL active)."""
     import copy
 
-    from orsd.train.loss import update
-    from orsd.train.replay import pack
+    from orsd.train.loss import UpdateSpec, update
+    from orsd.train.packing import pack
 
     packed = pack(group_records(seed=4))
     generator = torch.Generator().manual_seed(1)
@@ -364,9 +371,9 @@ def test_update_with_shared_prefixes_takes_the_same_step(tiny_model):
     for share in (True, False):
         model = copy.deepcopy(tiny_model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        metrics = update(model, optimizer, packed, old, ref, advantages, temperature=1.0, micro_batch_tokens=96,
-                         clip_eps=0.2, dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0,
-                         share_prefix=share)
+        metrics = update(model, optimizer, packed, old, ref, advantages,
+                         UpdateSpec(temperature=1.0, micro_batch_tokens=96, clip_eps=0.2, dual_clip=3.0,
+                                    log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0, share_prefix=share))
         results.append(({k: m.value for k, m in metrics.items()}, [p.detach().clone() for p in model.parameters()]))
     (shared_metrics, shared_weights), (whole_metrics, whole_weights) = results
     assert shared_metrics["micro_batches"] == whole_metrics["micro_batches"] > 1
@@ -376,5 +383,6 @@ def test_update_with_shared_prefixes_takes_the_same_step(tiny_model):
     for a, b in zip(shared_weights, whole_weights):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="packing: 'tree'; expected 'prefix' or 'length'"):
-        update(model, optimizer, packed, old, ref, advantages, temperature=1.0, micro_batch_tokens=96, clip_eps=0.2,
-               dual_clip=3.0, log_ratio_clamp=20.0, kl_coef=0.05, grad_clip=1.0, packing="tree")
+        update(model, optimizer, packed, old, ref, advantages,
+               UpdateSpec(temperature=1.0, micro_batch_tokens=96, clip_eps=0.2, dual_clip=3.0, log_ratio_clamp=20.0,
+                          kl_coef=0.05, grad_clip=1.0, packing="tree"))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.logprobs import lp_of_response  # also imported from here by test_delta_control.py
 from orsd import rubric
 from orsd.rubric import VerifierResult
 from orsd.train.build import build_verifier, make_env
@@ -85,15 +86,6 @@ class ScriptedVerifier:
         acted = np.array([1.0 if "search[shirt]" in t else 0.0 for t in transcripts])
         rows = [acted, 1.0 - acted] + [np.full(len(transcripts), 0.5)] * (len(bundles) - 2)
         return [VerifierResult(np.repeat(rows[m][:, None], len(b.criteria), axis=1)) for m, b in enumerate(bundles)]
-
-
-def lp_of_response(model, context, response, temperature):
-    """log π of each response token after `context`, from one plain forward (the hand computation)."""
-    ids = context + response
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double() / temperature
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
-    return lp[-len(response):]
 
 
 @pytest.mark.parametrize("placement", ["action", "observation", "task"])

@@ -14,6 +14,7 @@ its behaviour:
 - the planner's own (optimised) translation is made only when the planner is first asked.
 
 alfworld/textworld/fast_downward are imported lazily: `import orsd.envs` works without them.
+Over 400 lines because the four savings patch one engine and are checked against it together.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Every task is checked before it is kept: fast-downward's plan from the start sta
 the engine and must win (`alfworld_engine.play_planner`). Checked games are written once, in
 ALFWorld's own layout (`<split>/<task folder>/trial_*/game.tw-pddl` + `traj_data.json`), under
 `<cache_dir>/gen<version>-alfworld<version>-seed<seed>/<split>-<size>/`, with a manifest.
+Over 400 lines because the split rules, the sampling that obeys them and the cache key that
+names them must change together.
 """
 
 from __future__ import annotations

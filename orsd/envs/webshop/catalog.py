@@ -16,7 +16,6 @@ from typing import Any
 
 from orsd.envs.webshop import vocab
 
-SPLITS = ("train", "dev", "test")
 #: WebShop draws price bounds from multiples of 10 (its PRICE_RANGE)
 PRICE_STEPS = tuple(10.0 * i for i in range(1, 100))
 #: price bound of a goal whose instruction names none (WebShop's value)

@@ -1,12 +1,30 @@
-"""The shop's command grammar, shared by the generated shop and the real-WebShop adapter:
+"""What the generated shop and the real-WebShop adapter share: the env itself (`WebShopBase`: the
+name "webshop", the train/dev/test splits and their check) and the command grammar,
 `search[<query>]` and `click[<label>]`, case-insensitive verbs, the argument stripped."""
 
 from __future__ import annotations
 
 import re
 
+from orsd.envs.base import Env
+
+#: the shop's goal splits (WebShop's), the training split first
+SPLITS = ("train", "dev", "test")
+
 _COMMAND = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 _ECHO_CHARS = 60
+
+
+class WebShopBase(Env):
+    """The env both backends are: named "webshop", with its three splits (training first)."""
+
+    name = "webshop"
+    splits = SPLITS
+
+    @staticmethod
+    def check_split(split: str) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)} for webshop, got {split!r}")
 
 
 def echo(text: str) -> str:

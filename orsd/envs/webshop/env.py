@@ -21,8 +21,8 @@ import functools
 from typing import Any
 
 from orsd.envs.base import Env, Task
-from orsd.envs.webshop.commands import echo as _echo, split_command
-from orsd.envs.webshop.catalog import SPLITS, Catalog, Goal, get_catalog
+from orsd.envs.webshop.commands import SPLITS, WebShopBase, echo as _echo, split_command
+from orsd.envs.webshop.catalog import Catalog, Goal, get_catalog
 from orsd.envs.webshop.pages import (
     BACK_TO_SEARCH, BUY_NOW, DETAIL, DETAIL_PAGES, DONE, ITEM, NEXT, PREV, RESULTS, SEARCH,
     PageState, click_key, clickables, render, results_on_page,
@@ -52,11 +52,8 @@ def _tasks_of(seed: int, num_products: int, goals_per_product: int) -> dict[str,
     }
 
 
-class WebShopEnv(Env):
+class WebShopEnv(WebShopBase):
     """The generated shop (see the module docstring); `fork()` shares catalog, index and tasks."""
-
-    name = "webshop"
-    splits = SPLITS
 
     def __init__(
         self,
@@ -70,8 +67,7 @@ class WebShopEnv(Env):
         list_admissible: bool = False,
     ) -> None:
         super().__init__()
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} for webshop, got {split!r}")
+        self.check_split(split)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.split = split
@@ -88,8 +84,7 @@ class WebShopEnv(Env):
 
     # -- tasks ---------------------------------------------------------------------------------
     def tasks(self, split: str) -> list[Task]:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} for webshop, got {split!r}")
+        self.check_split(split)
         return list(self._tasks[split])
 
     def fork(self) -> "WebShopEnv":

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orsd.envs.base import Env, Task
-from orsd.envs.webshop.commands import split_command
+from orsd.envs.webshop.commands import WebShopBase, split_command
 
-SPLITS = ("train", "dev", "test")
 _SPLIT_RANGES = {"test": (0, 500), "dev": (500, 1500), "train": (1500, None)}
 
 
@@ -33,11 +32,8 @@ def _gym_factory(**kwargs: Any) -> Any:
     return gym.make("WebAgentTextEnv-v0", observation_mode="text", **kwargs)
 
 
-class WebShopRealEnv(Env):
+class WebShopRealEnv(WebShopBase):
     """The official WebShop text environment with orsd's flags and horizon."""
-
-    name = "webshop"
-    splits = SPLITS
 
     def __init__(
         self,
@@ -51,8 +47,7 @@ class WebShopRealEnv(Env):
         _shared: Any = None,
     ) -> None:
         super().__init__()
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} for webshop, got {split!r}")
+        self.check_split(split)
         if isinstance(max_actions, bool) or not isinstance(max_actions, int) or max_actions < 1:
             raise ValueError(f"max_actions must be a positive int, got {max_actions!r}")
         self.split, self.seed, self.max_actions = split, seed, max_actions
@@ -71,8 +66,7 @@ class WebShopRealEnv(Env):
         self._seen: set[str] = set()
 
     def tasks(self, split: str) -> list[Task]:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} for webshop, got {split!r}")
+        self.check_split(split)
         start, stop = _SPLIT_RANGES[split]
         stop = self._num_goals if stop is None else min(stop, self._num_goals)
         goals = self._env.server.goals

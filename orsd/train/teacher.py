@@ -22,7 +22,11 @@ from orsd.methods.distill import Distillation, outside_logmass, topk_support
 
 from .head import final_logits
 from .records import TurnRecord
-from .replay import Packed, replay_logprobs, response_hidden, splice_privileged
+from .forward import replay_logprobs, response_hidden
+
+#: tokens per checkpointed chunk of the update when the divergence needs whole distributions
+from .packing import Packed, splice_privileged
+from .replay import ReplaySpec
 
 #: tokens per checkpointed chunk of the update when the divergence needs whole distributions
 #: (the student's and the teacher's logits, the mixture and their products are alive together)
@@ -52,8 +56,7 @@ class Teacher:
 
 @torch.no_grad()
 def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: list[list[int] | None],
-                 coef: list[float], spec: Distillation, temperature: float, token_budget: int,
-                 fused: bool = True, lockstep=None, chunk_tokens: int = 1024) -> Teacher:
+                 coef: list[float], spec: Distillation, replay: ReplaySpec, chunk_tokens: int = 1024) -> Teacher:
     """One no-grad forward of `model` over each record's context with `privileged[s]` spliced at its
     slot (None: no teacher for record s) and the same response ids; w_p = coef[s] on its response
     tokens except spec.edge_fraction of them at each end."""
@@ -69,8 +72,8 @@ def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: l
     teacher = Teacher(weight, logprobs, rows)
     view = spec.teacher_view
     if view == "token":  # log q(y) only: the replay's own (fused) path
-        lp = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask, temperature,
-                             token_budget, fused, lockstep)
+        lp = replay_logprobs(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask, replay.temperature,
+                             replay.token_budget, replay.fused, replay.lockstep)
         logprobs[plain] = lp[spliced.pos_map[plain]]
         return teacher
     row_of_spliced = torch.full((len(spliced.ids),), -1, dtype=torch.long)
@@ -85,12 +88,12 @@ def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: l
         teacher.model = model
     head = model.get_output_embeddings()
     for flat, hidden in response_hidden(model, spliced.ids, spliced.cu_seqlens, spliced.response_mask,
-                                        token_budget, lockstep):
+                                        replay.token_budget, replay.lockstep):
         row = row_of_spliced[flat]
         targets = spliced.ids[flat].to(hidden.device)
         for start in range(0, len(flat), chunk_tokens):
             part = slice(start, start + chunk_tokens)
-            logp = torch.log_softmax(final_logits(model, head(hidden[part])).float() / temperature, -1)
+            logp = torch.log_softmax(final_logits(model, head(hidden[part])).float() / replay.temperature, -1)
             row_lp[row[part]] = logp.gather(-1, targets[part, None]).squeeze(-1).cpu()
             if view == "topk":
                 values, ids = logp.topk(spec.top_k, dim=-1)

@@ -8,7 +8,8 @@ import torch
 from scipy import stats
 
 from orsd.engines.decode import NGramBan
-from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.base import Sampling
+from orsd.engines.hf import HfEngine
 from orsd.engines.speculative import Lookup, banned_after
 
 TEXTS = ["the agent clicks", "Task: put a clean apple in the fridge.", "yes no"]

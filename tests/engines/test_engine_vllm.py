@@ -23,7 +23,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*torch.distributed.reduce_op.*:FutureWarning"),
 ]
 
-from orsd.engines.hf import HfEngine, Sampling  # noqa: E402
+from orsd.engines.base import Sampling  # noqa: E402
+from orsd.engines.hf import HfEngine  # noqa: E402
 from orsd.engines.vllm import VllmEngine, WeightSyncTimeout  # noqa: E402
 from tiny_model import make_tiny_qwen3, make_tiny_tokenizer  # noqa: E402  (tests/ is on sys.path: conftest)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers.transformers_reference import transformers_generate
 
-from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.base import Sampling
+from orsd.engines.hf import HfEngine
 from orsd.train.config import ConfigError, load_config
 
 

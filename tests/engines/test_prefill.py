@@ -1,12 +1,13 @@
 """The hf engine's prefill (engines/prefill.py, engines/tree.py): repeated prompts forwarded once,
 shared prefixes once on one row, the prefix tree and its trunks, the branches of a trunk in one
-forward, and the update's prefix-packed batches; every row decodes what it decodes alone."""
+forward; every row decodes what it decodes alone."""
 
 import pytest
 import torch
 from helpers.transformers_reference import transformers_generate
 
-from orsd.engines.hf import HfEngine, Sampling
+from orsd.engines.base import Sampling
+from orsd.engines.hf import HfEngine
 
 
 def prefill_shapes(model, run):
@@ -88,27 +89,6 @@ def test_branches_at_different_depths_take_one_forward_and_equal_whole_forwards(
             torch.testing.assert_close(rows, alone[positions], rtol=0, atol=1e-5)
     # the trunk up to the first position the deepest branch needs, then the four branches
     assert shapes == [(1, 24), (4, 6)]
-
-
-def test_shared_batches_count_a_shared_prefix_once():
-    """The update's prefix packing: sequences sorted by tokens, a batch closes when the tokens its
-    tree would forward (each sequence beyond what it shares with the one before) pass the budget."""
-    import random
-
-    from orsd.engines.prefill import shared_batches
-
-    system, rng = [1, 1, 1, 1, 1, 1], random.Random(0)
-    tasks = [system + [2, 2, 2, 2], system + [3, 3, 3, 3]]
-    sequences = [tasks[i % 2] + [rng.randrange(4, 50) for _ in range(3)] for i in range(8)]
-    batches = shared_batches(sequences, token_budget=25)
-    assert sorted(i for b in batches for i in b) == list(range(8))
-    # each task's four sequences share 10 tokens: 10 + 4 × 3 = 22 tokens forwarded, one batch per task
-    assert sorted(map(sorted, batches)) == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    # by padded length they would need 4 × 13 = 52 tokens. Sharing 19 tokens, two sequences of 20
-    # cost 21; one over the budget is a batch alone
-    assert shared_batches([[7], [5] * 19 + [6], [5] * 20], token_budget=21) == [[2, 1], [0]]
-    assert shared_batches([[7], [5] * 19 + [6], [5] * 20], token_budget=20) == [[2], [1], [0]]
-    assert shared_batches([[5] * 30, [7]], token_budget=20) == [[0], [1]]
 
 
 def test_shared_prefixes_are_prefilled_once_and_decode_as_alone(tiny_model, tiny_tokenizer):
