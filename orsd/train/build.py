@@ -43,6 +43,26 @@ def import_model_code() -> None:
         pass
 
 
+def recorded_precision(run_dir, requested: str):
+    """The precision the run's first process chose (its environment.json), for a resumed run to keep:
+    'auto' on a CPU without native bf16 measures a matmul, and a measurement under other load can
+    choose otherwise, which would change every number after the resume. None where nothing was
+    recorded for the same model.autocast."""
+    import json
+
+    from orsd.train.precision import Precision
+
+    try:
+        recorded = json.loads((Path(run_dir) / "environment.json").read_text()).get("precision") or {}
+    except (OSError, ValueError, TypeError):
+        return None
+    if recorded.get("requested") != requested or "autocast" not in recorded:
+        return None
+    reason, kept = recorded.get("reason", ""), " (kept from the run's first process on resume)"
+    return Precision(requested, recorded["autocast"], reason if reason.endswith(kept) else reason + kept,
+                     recorded.get("probe_speedup"))
+
+
 def make_env(config):
     return envs.from_config(config.env)
 
@@ -73,7 +93,7 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
     device = f"cuda:{dist.local_rank}" if dist and torch.cuda.is_available() else m.device
     ops_check = check_ops(where := resolve_device(device), m.ops_self_check, log)  # before any model loads
     reference_dir = Path(run_dir) / "checkpoints" / "reference" if run_dir else None
-    warm_losses, decided = [], None
+    warm_losses, decided = [], (recorded_precision(run_dir, m.autocast) if resume_from is not None else None)
     in_child = (resume_from is None and config.warm_start.enabled
                 and runs_in_child(config, where, dist is not None))
     if in_child:  # before this process loads any weights: the child's peak and ours are resident together

@@ -19,7 +19,10 @@ COMPARED = ("reward_mean", "success_rate", "turns_mean", "response_tokens", "los
 
 
 def config_for(model_dir, steps, *extra):
+    # model.autocast pinned: 'auto' on a CPU without native bf16 measures a matmul, and two fresh runs
+    # under other load may choose differently (each resume keeps its run's choice: the test below)
     return load_config(None, [f"model.path={model_dir}", f"train.steps={steps}", "train.save_every=1",
+                              "model.autocast=",
                               "train.keep_checkpoints=2", "train.progress=false", "train.report=false",
                               "rollout.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                               "rollout.max_context_tokens=4096", "env.max_actions=2", "rubric.max_new_tokens=8",
@@ -66,7 +69,11 @@ def test_killed_then_resumed_equals_unbroken(extra, tiny_smol_dir, tmp_path, mon
     assert [n for n, _ in checkpoint.step_dirs(broken)] == [1, 2]
     with pytest.raises(RunError, match="pass --resume"):  # never silently mixes two runs
         run(config_for(tiny_smol_dir, 3, *extra), str(broken), log=lambda *_: None)
+    chosen = json.loads((broken / "environment.json").read_text())["precision"]
     run(config_for(tiny_smol_dir, 3, *extra), str(broken), resume=True, log=lambda *_: None)
+    kept = json.loads((broken / "environment.json").read_text())["precision"]
+    assert kept["autocast"] == chosen["autocast"]
+    assert kept["reason"].endswith("(kept from the run's first process on resume)")
 
     steps_a, groups_a = records(unbroken)
     steps_b, groups_b = records(broken)
@@ -159,3 +166,21 @@ def test_resume_of_a_complete_run_changes_nothing(tmp_path, capsys):
     assert "resume: train.progress changed from True to False" in out
     assert "is complete: 2 steps done (train.steps=2)" in out and "train.steps=N" in out
     assert snapshot(tmp_path / "run") == before
+
+
+def test_a_resumed_run_keeps_the_precision_its_first_process_chose(tmp_path):
+    """'auto' measured bf16 faster in the run's first process: the resume keeps bf16 without measuring
+    (a probe under other load could choose fp32 and change every number after the resume)."""
+    from orsd.train.build import recorded_precision
+
+    (tmp_path / "environment.json").write_text(json.dumps({"precision": {
+        "requested": "auto", "autocast": "bfloat16", "reason": "no AMX/AVX-512-BF16, and a probe ran bf16 at 1.30x",
+        "probe_speedup": 1.3}}))
+    kept = recorded_precision(tmp_path, "auto")
+    assert (kept.autocast, kept.probe_speedup) == ("bfloat16", 1.3)
+    assert kept.reason == ("no AMX/AVX-512-BF16, and a probe ran bf16 at 1.30x "
+                           "(kept from the run's first process on resume)")
+    (tmp_path / "environment.json").write_text(json.dumps({"precision": kept.as_dict()}))
+    assert recorded_precision(tmp_path, "auto").reason == kept.reason  # said once, however often it resumes
+    assert recorded_precision(tmp_path, "") is None  # the config now asks otherwise: its own choice
+    assert recorded_precision(tmp_path / "none", "auto") is None
