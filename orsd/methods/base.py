@@ -16,6 +16,7 @@ import torch
 from orsd import ops
 from orsd.rubric import Alignment, RubricBundle
 
+
 @dataclass
 class BundleRequest:
     """What a method asks the step to write: `count` bundles for each of `groups`, by the current

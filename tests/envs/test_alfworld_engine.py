@@ -16,6 +16,7 @@ pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
 from orsd.envs.alfworld import engine as alfworld_engine, generator as alfworld_generator  # noqa: E402
 
+
 def random_walk(env, gamefile, seed, steps):
     """A fixed random walk: the observation, command list and `won` of every state along it. Played
     here on our engine and, from this function's source (UPSTREAM), on the upstream stack."""

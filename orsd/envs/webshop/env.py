@@ -30,6 +30,7 @@ from orsd.envs.webshop.pages import (
 from orsd.envs.webshop.scoring import ScoreParts, option_matches, score_purchase
 from orsd.envs.webshop.search import SearchIndex, get_index
 
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
