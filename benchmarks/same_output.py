@@ -8,7 +8,7 @@ Each tree runs `python -m orsd.train.cli` with PYTHONPATH set to it (its own ors
 extension included: copy `orsd/_C*.so` into a worktree first), fp32, one thread, the same seed:
 - `tiny`: every method given, 2 steps on the random tiny model of benchmarks/tiny_random_model.json
   (no warm start), each writing groups.jsonl and steps.jsonl;
-- `policy`: every method given, 2 steps of configs/cpu_study.yaml from the warm-started `--policy`
+- `policy`: every method given, `--policy-steps` steps of configs/cpu_study.yaml from the warm-started `--policy`
   (the tiny model's rewards never differ within a group, so only this job writes, scores and
   selects bundles and computes Δ);
 - `default`: the embedded default job (warm start and 2 ORSD steps of SmolLM2-135M).
@@ -32,7 +32,7 @@ TINY = ["model.path=random:benchmarks/tiny_random_model.json", "model.dtype=floa
         "warm_start.enabled=false", "rollout.tasks_per_step=2", "rollout.group_size=4", "env.max_actions=2",
         "rollout.max_new_tokens=16", "rubric.max_new_tokens=48", "train.steps=2", "train.eval_every=0",
         "train.report=false", "train.tensorboard=false", "train.progress=false"]
-POLICY = ["--config", "configs/cpu_study.yaml", "warm_start.enabled=false", "train.steps=2", "train.eval_before=false",
+POLICY = ["--config", "configs/cpu_study.yaml", "warm_start.enabled=false", "train.eval_before=false",
           "train.eval_every=0", "train.report=false", "train.progress=false"]
 #: a label's overrides where it is more than `method.name=<label>`
 ARMS = {"static_rubric": ["method.name=static_rubric", "method.rubric_file=configs/rubrics/cpu_study_oracle.yaml",
@@ -84,6 +84,7 @@ def main() -> int:
     parser.add_argument("--jobs", nargs="+", choices=["tiny", "policy", "default"], default=["tiny", "default"])
     parser.add_argument("--policy", type=Path, help="the warm-started policy of the policy job (a run's "
                         "checkpoints/reference)")
+    parser.add_argument("--policy-steps", type=int, default=2, help="steps of each policy-job run (default 2)")
     parser.add_argument("--methods", nargs="+", default=["orsd", "grpo", "static_rubric", "opsd", "gigpo", "cripo"],
                         help="the methods of the tiny and policy jobs (also "
                         "`control`: ORSD with the content_free baseline and the format mask)")
@@ -93,7 +94,7 @@ def main() -> int:
     if "policy" in args.jobs:
         if args.policy is None or not (args.policy / "config.json").is_file():
             parser.error(f"--policy: the policy job needs a model directory with config.json, got {args.policy}")
-        jobs += [(f"policy_{m}", [*POLICY, f"model.path={args.policy.resolve()}", 
+        jobs += [(f"policy_{m}", [*POLICY, f"train.steps={args.policy_steps}", f"model.path={args.policy.resolve()}", 
                                   *ARMS.get(m, [f"method.name={m}"])]) for m in args.methods]
     jobs += [("default", [])] if "default" in args.jobs else []
     summary, same = {"before": str(args.before), "after": str(args.after), "runs": {}}, True
