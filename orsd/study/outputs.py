@@ -65,6 +65,17 @@ def tables(summary: dict, window: int) -> list[Table]:
         ["arm", "start", "end", "end − start", "resampled"],
         [[label, interval(arm["heldout"].get("start")), interval(arm["heldout"].get("end")),
           interval(arm["heldout"].get("end_minus_start")), arm["heldout"]["unit"]] for label, arm in arms.items()])
+    score = Table(
+        f"Held-out score at step 0 and at step {summary['end_step'] if summary['end_step'] is not None else '–'}",
+        "The env's partial credit per episode (score_mean of eval.jsonl: the shop's attribute, option and price "
+        "match of what was bought, 0 without a purchase), per seed start → end; the mean over seeds and, with "
+        f"{MIN_SEEDS_FOR_SEED_BOOTSTRAP} seeds or more, end − start paired by seed with its 95 % bootstrap interval "
+        "over seeds.",
+        ["arm", "per seed (start → end)", "start", "end", "end − start"],
+        [[label, ", ".join(f"{number(v['start'])} → {number(v['end'])}"
+                           for v in arm["heldout_score"]["per_seed"].values()),
+          number(arm["heldout_score"]["start_mean"]), number(arm["heldout_score"]["end_mean"]),
+          interval(arm["heldout_score"].get("end_minus_start"))] for label, arm in arms.items()])
     shaping = Table(
         "Shaping magnitude |α·e·Δ| / |A|",
         "How far the rubric moves a token's advantage against the advantage itself: the mean over steps and seeds "
@@ -74,7 +85,7 @@ def tables(summary: dict, window: int) -> list[Table]:
         [[label, arm["shaping"]["source"], ", ".join(f"{k} {number(v, 4)}" for k, v in arm["shaping"].items()
                                                      if k not in ("source", "steps"))]
          for label, arm in arms.items()])
-    return [learning, paired, held, shaping] if paired.rows else [learning, held, shaping]
+    return [learning, paired, held, score, shaping] if paired.rows else [learning, held, score, shaping]
 
 
 def _md_cell(text: str) -> str:
@@ -96,7 +107,7 @@ def markdown(study: dict, summary: dict, runs_table: Table, window: int, table1:
                   "|" + "---|" * len(table.header)]
         lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
         lines.append("")
-        if table.title.startswith("Held-out"):
+        if table.title.startswith("Held-out success"):
             lines += ["![held-out success](heldout.png)", ""]
     checkpoints, rows = table1
     lines += ["## Table 1 layout (orsd-compare)", "", *[f"- {line}" for line in compare.describe(checkpoints)], "",
@@ -125,7 +136,7 @@ def html_page(study: dict, summary: dict, runs_table: Table, window: int, table1
              + "</ul>", "<h2>Training curves</h2>", image("curves.png")]
     for table in [*tables(summary, window), runs_table]:
         parts.append(table_html(table))
-        if table.title.startswith("Held-out"):
+        if table.title.startswith("Held-out success"):
             parts.append(image("heldout.png"))
     checkpoints, rows = table1
     parts.append("<h2>Table 1 layout (orsd-compare)</h2><ul>"
@@ -146,7 +157,10 @@ def write_outputs(study: dict, statuses: dict[str, str] | None = None, baseline:
                for label, by_seed in runs.items() if by_seed}
     if baseline is not None and baseline not in labels:
         raise ValueError(f"--baseline {baseline!r}: expected one of the arms {labels}")
-    summary = summarize(runs, labels, baseline or default_baseline(labels, methods), window)
+    overrides = study.get("arm_overrides") or {}
+    arm_methods = {label: next((o.split("=", 1)[1] for o in overrides.get(label, []) if o.startswith("method.name=")),
+                               label) for label in labels}  # an arm named by its method has no override
+    summary = summarize(runs, labels, baseline or default_baseline(labels, methods), window, arm_methods)
     summary["study"] = study
     summary["runs"] = {f"{label}/seed{seed}": (statuses or {}).get(f"{label}/seed{seed}")
                        or ("recorded" if seed in runs.get(label, {}) else "not started")

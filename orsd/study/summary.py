@@ -96,6 +96,24 @@ def heldout(by_seed: dict[int, RunData], end: int | None) -> dict:
     return out
 
 
+def heldout_score(by_seed: dict[int, RunData], end: int | None) -> dict:
+    """Held-out mean score (the env's partial credit, score_mean of eval.jsonl) at step 0 and at `end`
+    per seed, and end − start paired by seed; intervals over seeds from 3 seeds on (eval.jsonl keeps
+    no per-episode scores to resample below that)."""
+    start = {s: eval_at(run, 0) for s, run in by_seed.items()}
+    finish = {s: eval_at(run, end) if end is not None else None for s, run in by_seed.items()}
+    start = {s: r["score_mean"] for s, r in start.items() if r is not None and stats.is_number(r.get("score_mean"))}
+    finish = {s: r["score_mean"] for s, r in finish.items() if r is not None and stats.is_number(r.get("score_mean"))}
+    both = sorted(start.keys() & finish.keys())
+    out = {"per_seed": {str(s): {"start": start.get(s), "end": finish.get(s)} for s in sorted(by_seed)},
+           "seeds": len(both), "start_mean": _mean([start[s] for s in both]),
+           "end_mean": _mean([finish[s] for s in both])}
+    if len(both) >= MIN_SEEDS_FOR_SEED_BOOTSTRAP:
+        out["end_minus_start"] = stats.paired_difference({s: finish[s] for s in both},
+                                                         {s: start[s] for s in both}).as_dict()
+    return out
+
+
 def learning(by_seed: dict[int, RunData], window: int) -> tuple[dict, dict[int, float]]:
     """The statistic the study is judged on: per seed, mean training reward over the last `window`
     steps minus the first `window`; over seeds its mean, standard error and how many SEs from 0."""
@@ -129,9 +147,9 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: str | None,
-              window: int = stats.WINDOW) -> dict:
+              window: int = stats.WINDOW, arm_methods: dict[str, str] | None = None) -> dict:
     """summary.json's "arms": per arm in `labels` order; `baseline` (a label) is what the others are
-    paired against by seed."""
+    paired against by seed; `arm_methods`: each arm's method.name where none of its runs has started."""
     end = end_step(runs)
     arms, gains = {}, {}
     for label in labels:
@@ -139,7 +157,7 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
         learned, gains[label] = learning(by_seed, window)
         methods = Counter(str((run.config.get("method") or {}).get("name")) for run in by_seed.values())
         arms[label] = {
-            "method": methods.most_common(1)[0][0] if methods else None,
+            "method": methods.most_common(1)[0][0] if methods else (arm_methods or {}).get(label),
             "seeds": sorted(by_seed),
             "runs": {str(seed): str(run.path) for seed, run in sorted(by_seed.items())},
             "steps_recorded": {str(seed): max((s["step"] for s in run.steps), default=0)
@@ -150,6 +168,7 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
                                   if run.steps and stats.is_number(run.steps[-1].get("reward_mean"))]),
             "learning": learned,
             "heldout": heldout(by_seed, end),
+            "heldout_score": heldout_score(by_seed, end),
             "shaping": shaping(by_seed),
         }
     if baseline is not None and baseline in arms:

@@ -133,3 +133,27 @@ def test_report_only_reads_study_json(tmp_path, capsys):
     assert "summary.json" in capsys.readouterr().out
     assert cli.main(["--out", str(tmp_path), "--report-only", "--baseline", "nope"]) == 2
     assert "--baseline 'nope': expected one of the arms" in capsys.readouterr().err
+
+
+def test_heldout_score_is_paired_by_seed_from_three_seeds(tmp_path):
+    """score_mean of eval.jsonl (make_study writes the success rate there too): per seed start → end,
+    means over seeds, and end − start paired by seed only from 3 seeds."""
+    make_study(tmp_path, labels=("orsd",))
+    score = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], None)["arms"]["orsd"]["heldout_score"]
+    start, end = HELDOUT["orsd"]
+    assert score["per_seed"] == {str(s): {"start": start[s], "end": end[s]} for s in range(3)}
+    assert score["start_mean"] == pytest.approx(sum(start) / 3) and score["end_mean"] == pytest.approx(sum(end) / 3)
+    assert score["end_minus_start"]["n"] == 3
+    assert score["end_minus_start"]["mean"] == pytest.approx((sum(end) - sum(start)) / 3)
+    two = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"], None)["arms"]["orsd"]["heldout_score"]
+    assert two["seeds"] == 2 and "end_minus_start" not in two  # no interval from 2 values
+
+
+def test_an_arm_without_runs_is_named_by_its_method(tmp_path):
+    study = make_study(tmp_path, labels=("grpo",))
+    study["arms"] = ["grpo", "control"]
+    study["arm_overrides"] = {"grpo": [], "control": ["method.name=orsd", "rubric.delta_baseline=content_free"]}
+    write_outputs(study)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["arms"]["control"]["method"] == "orsd" and summary["arms"]["control"]["seeds"] == []
+    assert "| control | orsd | 0 |" in (tmp_path / "study.md").read_text()
