@@ -360,10 +360,17 @@ def closed_port() -> int:
         return probe.getsockname()[1]  # nothing listens there once closed
 
 
+def reachable(config, **kwargs) -> None:
+    """cli.check_verifier_reachable as `run` calls it: with whether the config's method calls the verifier."""
+    from orsd.methods import make_method
+
+    cli.check_verifier_reachable(config, make_method(config).calls_verifier, **kwargs)
+
+
 def test_an_unreachable_verifier_stops_the_run_before_training():
     config = openai_config(f"http://127.0.0.1:{closed_port()}/v1")
     with pytest.raises(cli.RunError, match="unreachable.*verifier.check_reachable=false"):
-        cli.check_verifier_reachable(config)
+        reachable(config)
 
 
 def test_the_reachability_probe_is_bounded_and_skippable(monkeypatch):
@@ -374,17 +381,17 @@ def test_the_reachability_probe_is_bounded_and_skippable(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", hangs)
     start = time.monotonic()
     with pytest.raises(cli.RunError, match="no connection within 0.2 s"):
-        cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1"), seconds=0.2)
+        reachable(openai_config("http://judge.invalid:8000/v1"), seconds=0.2)
     assert time.monotonic() - start < 2
-    cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1", "verifier.check_reachable=false"))
-    cli.check_verifier_reachable(openai_config("http://judge.invalid:8000/v1", "method.name=grpo"))  # never asked
+    reachable(openai_config("http://judge.invalid:8000/v1", "verifier.check_reachable=false"))
+    reachable(openai_config("http://judge.invalid:8000/v1", "method.name=grpo"))  # never asked
 
 
 def test_a_listening_verifier_passes_and_dry_run_never_probes(monkeypatch, capsys):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        cli.check_verifier_reachable(openai_config(f"http://127.0.0.1:{server.getsockname()[1]}/v1"))
+        reachable(openai_config(f"http://127.0.0.1:{server.getsockname()[1]}/v1"))
     monkeypatch.setattr(cli, "check_verifier_reachable", lambda *a, **k: pytest.fail("probed in --dry-run"))
     assert main(["--dry-run", "verifier.kind=openai", f"verifier.base_url=http://127.0.0.1:{closed_port()}/v1",
                  "verifier.model=judge"]) == 0
