@@ -52,10 +52,13 @@ def tables(summary: dict, window: int) -> list[Table]:
     paired = Table(
         f"Against {baseline}, paired by seed",
         "Per seed, arm − baseline (the same seed draws the same tasks from the same initial policy); the mean "
-        "over seeds with its 95 % bootstrap interval over seeds.",
-        ["arm", "Δ learning statistic", "Δ held-out success at the end", "seeds"],
+        "over seeds with its 95 % bootstrap interval over seeds; and per seed how many steps from the first the arm "
+        "sampled exactly the baseline's trajectories (groups.jsonl: same tasks, actions and rewards).",
+        ["arm", "Δ learning statistic", "Δ held-out success at the end", "seeds", "identical steps per seed"],
         [[label, interval(arm["vs_baseline"]["learning"]), interval(arm["vs_baseline"]["heldout_end"]),
-          str(arm["vs_baseline"]["learning"]["n"])] for label, arm in arms.items() if "vs_baseline" in arm])
+          str(arm["vs_baseline"]["learning"]["n"]),
+          ", ".join(f"{seed}: {k}" for seed, k in arm["vs_baseline"]["identical_steps"].items()) or "–"]
+         for label, arm in arms.items() if "vs_baseline" in arm])
     held = Table(
         f"Held-out success at step 0 and at step {summary['end_step'] if summary['end_step'] is not None else '–'}",
         f"From eval.jsonl (train.eval_before gives step 0; the end is the last step every run evaluated at). 95 % "

@@ -178,10 +178,36 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
                 continue
             arms[label]["vs_baseline"] = {
                 "baseline": baseline,
+                "identical_steps": {str(seed): identical_steps(run.path, runs[baseline][seed].path)
+                                    for seed, run in sorted(runs.get(label, {}).items())
+                                    if seed in runs.get(baseline, {})},
                 "learning": stats.paired_difference(gains[label], gains[baseline]).as_dict(),
                 "heldout_end": stats.paired_difference(_end_success(runs.get(label, {}), end), base_end).as_dict(),
             }
     return {"end_step": end, "baseline": baseline, "arms": arms}
+
+
+def _rollouts(path: Path) -> dict[int, list]:
+    """step -> what was sampled in it, in group order: each group's task and each trajectory's
+    actions and reward (groups.jsonl; a resumed run's rewritten step keeps its last record)."""
+    steps: dict[int, dict[int, tuple]] = {}
+    for group in read_jsonl(path / "groups.jsonl"):
+        if isinstance(group.get("step"), int) and isinstance(group.get("group"), int):
+            sampled = tuple((tuple(t.get("actions") or ()), reward)
+                            for t, reward in zip(group.get("transcripts") or (), group.get("rewards") or ()))
+            steps.setdefault(group["step"], {})[group.get("group")] = ((group.get("task") or {}).get("id"), sampled)
+    return {step: [groups[g] for g in sorted(groups)] for step, groups in steps.items()}
+
+
+def identical_steps(arm: Path, baseline: Path) -> int:
+    """How many steps from the first the arm sampled exactly what the baseline did (same tasks, same
+    actions, same rewards): both start from one policy with one seed, so they part only once their
+    updates have made the weights differ enough to change a sampled token."""
+    mine, theirs = _rollouts(arm), _rollouts(baseline)
+    same = 0
+    while same + 1 in mine and mine[same + 1] == theirs.get(same + 1):
+        same += 1
+    return same
 
 
 def _end_success(by_seed: dict[int, RunData], end: int | None) -> dict[int, float]:

@@ -157,3 +157,34 @@ def test_an_arm_without_runs_is_named_by_its_method(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["arms"]["control"]["method"] == "orsd" and summary["arms"]["control"]["seeds"] == []
     assert "| control | orsd | 0 |" in (tmp_path / "study.md").read_text()
+
+
+def _groups(run: RunDir, step: int, actions: list[list[str]], rewards: list[float], task: str = "t1") -> None:
+    for group in (0, 1):
+        run.append("groups.jsonl", {"step": step, "group": group, "task": {"id": f"{task}-{group}"},
+                                    "rewards": rewards, "transcripts": [{"actions": a} for a in actions]})
+
+
+def test_identical_steps_count_the_rollouts_shared_with_the_baseline(tmp_path):
+    """Per seed, the steps from the first in which the arm sampled exactly the baseline's tasks,
+    actions and rewards: here the same for 2 steps, then another action at step 3 (seed 0), and
+    another reward at step 1 (seed 1); a step rewritten after a resume counts by its last record."""
+    make_study(tmp_path, labels=("grpo", "orsd"), seeds=(0, 1))
+    same = [["search[a]", "click[b]"], ["search[c]"]]
+    for label in ("grpo", "orsd"):
+        for seed in (0, 1):
+            run = RunDir(tmp_path / label / f"seed{seed}")
+            for step in (1, 2, 3, 4):
+                parted = label == "orsd" and (seed == 0 and step >= 3)
+                _groups(run, step, [["search[a]", "click[x]"], ["search[c]"]] if parted else same,
+                        [0.5 if label == "orsd" and seed == 1 and step == 1 else 0.1, 0.0])
+    # orsd seed 0 was killed in step 2 after writing one other record of it, then resumed: the last counts
+    first = tmp_path / "orsd" / "seed0" / "groups.jsonl"
+    lines = first.read_text().splitlines()
+    stale = json.loads(lines[2])
+    stale["rewards"] = [9.0, 9.0]
+    first.write_text("\n".join([*lines[:2], json.dumps(stale), *lines[2:]]) + "\n")  # stale, then the rerun
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], "grpo")
+    assert summary["arms"]["orsd"]["vs_baseline"]["identical_steps"] == {"0": 2, "1": 0}
+    write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"], "seeds": [0, 1]})
+    assert "| 0: 2, 1: 0 |" in (tmp_path / "study.md").read_text()
