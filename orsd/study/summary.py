@@ -61,9 +61,11 @@ def eval_at(run: RunData, step: int) -> dict | None:
 
 
 def end_step(runs: dict[str, dict[int, RunData]]) -> int | None:
-    """The last evaluated step after 0 that every run shares: arms are compared at the same point."""
+    """The last evaluated step after 0 that every run shares: arms are compared at the same point. A
+    run with no evaluation after step 0 yet (one in progress) is left out rather than hiding the rest."""
     every = [{e.get("step") for e in run.evals if isinstance(e.get("step"), int) and e["step"] > 0}
              for by_seed in runs.values() for run in by_seed.values()]
+    every = [steps for steps in every if steps]
     common = set.intersection(*every) if every else set()
     return max(common) if common else None
 
@@ -199,11 +201,13 @@ def _rollouts(path: Path) -> dict[int, list]:
     return {step: [groups[g] for g in sorted(groups)] for step, groups in steps.items()}
 
 
-def identical_steps(arm: Path, baseline: Path) -> int:
+def identical_steps(arm: Path, baseline: Path) -> int | None:
     """How many steps from the first the arm sampled exactly what the baseline did (same tasks, same
     actions, same rewards): both start from one policy with one seed, so they part only once their
     updates have made the weights differ enough to change a sampled token."""
     mine, theirs = _rollouts(arm), _rollouts(baseline)
+    if not mine or not theirs:
+        return None  # nothing sampled yet by one of them
     same = 0
     while same + 1 in mine and mine[same + 1] == theirs.get(same + 1):
         same += 1

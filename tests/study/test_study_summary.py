@@ -186,5 +186,21 @@ def test_identical_steps_count_the_rollouts_shared_with_the_baseline(tmp_path):
     first.write_text("\n".join([*lines[:2], json.dumps(stale), *lines[2:]]) + "\n")  # stale, then the rerun
     summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], "grpo")
     assert summary["arms"]["orsd"]["vs_baseline"]["identical_steps"] == {"0": 2, "1": 0}
+    (tmp_path / "orsd" / "seed1" / "groups.jsonl").unlink()  # a run that has sampled nothing yet
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], "grpo")
+    assert summary["arms"]["orsd"]["vs_baseline"]["identical_steps"] == {"0": 2, "1": None}
     write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"], "seeds": [0, 1]})
-    assert "| 0: 2, 1: 0 |" in (tmp_path / "study.md").read_text()
+    assert "| 0: 2, 1: – |" in (tmp_path / "study.md").read_text()
+
+
+def test_a_run_in_progress_does_not_hide_the_finished_runs_end(tmp_path):
+    """A run that has evaluated only at step 0 so far is left out of the common end step."""
+    make_study(tmp_path, labels=("grpo", "orsd"))
+    run = RunDir(tmp_path / "orsd" / "seed2")
+    (run.path / "eval.jsonl").write_text(json.dumps({"step": 0, "success_rate": 0.5, "score_mean": 0.5,
+                                                      "num_episodes": 4}) + "\n")
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], "grpo")
+    assert summary["end_step"] == 10
+    held = summary["arms"]["orsd"]["heldout"]
+    assert held["per_seed"]["2"] == {"start": 0.5, "end": None}
+    assert held["unit"] == "episodes pooled over 2 seeds" and held["end"]["mean"] == pytest.approx((2 + 3) / 8)
