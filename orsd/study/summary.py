@@ -33,6 +33,13 @@ class RunData:
     steps: list[dict]
     evals: list[dict]
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run recorded every step its config asks for (train.steps; without one, any)."""
+        wanted = (self.config.get("train") or {}).get("steps")
+        last = max((s["step"] for s in self.steps), default=0)
+        return last >= wanted if isinstance(wanted, int) else last > 0
+
     def series(self, key: str) -> dict[int, float]:
         """step -> finite value of `key` in steps.jsonl."""
         return {s["step"]: float(s[key]) for s in self.steps
@@ -118,9 +125,10 @@ def heldout_score(by_seed: dict[int, RunData], end: int | None) -> dict:
 
 def learning(by_seed: dict[int, RunData], window: int) -> tuple[dict, dict[int, float]]:
     """The statistic the study is judged on: per seed, mean training reward over the last `window`
-    steps minus the first `window`; over seeds its mean, standard error and how many SEs from 0."""
+    steps minus the first `window`; over seeds its mean, standard error and how many SEs from 0. A run
+    still in progress is left out: its last window would hold other steps than the finished runs'."""
     per_seed = {seed: stats.learning_gain([v for _, v in sorted(run.series("reward_mean").items())], window)
-                for seed, run in sorted(by_seed.items())}
+                for seed, run in sorted(by_seed.items()) if run.finished}
     interval = stats.bootstrap_mean(per_seed.values(), "seeds")
     summary = {"window": window, "per_seed": {str(s): stats.finite(v) for s, v in per_seed.items()},
                **interval.as_dict(), "n_se": stats.finite(stats.n_standard_errors(interval.mean, interval.se))}

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 from orsd.report.run_dir import RunDir
 from orsd.study import cli
@@ -204,3 +205,18 @@ def test_a_run_in_progress_does_not_hide_the_finished_runs_end(tmp_path):
     held = summary["arms"]["orsd"]["heldout"]
     assert held["per_seed"]["2"] == {"start": 0.5, "end": None}
     assert held["unit"] == "episodes pooled over 2 seeds" and held["end"]["mean"] == pytest.approx((2 + 3) / 8)
+
+
+def test_a_run_in_progress_is_left_out_of_the_learning_statistic(tmp_path):
+    """train.steps says how many steps a run will record; one that has fewer so far has no gain yet
+    (with 6 of 10 steps its last window would be steps 2..6, not 6..10 as the others')."""
+    make_study(tmp_path, labels=("grpo", "orsd"))
+    for seed in (0, 1, 2):
+        path = tmp_path / "orsd" / f"seed{seed}"
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        (path / "config.yaml").write_text(yaml.safe_dump({**config, "train": {"steps": 10}}))
+    steps = tmp_path / "orsd" / "seed2" / "steps.jsonl"
+    steps.write_text("".join(steps.read_text().splitlines(keepends=True)[:6]))
+    orsd = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], "grpo")["arms"]["orsd"]
+    assert orsd["learning"]["per_seed"] == pytest.approx({"0": 0.5, "1": 1.0}) and orsd["learning"]["n"] == 2
+    assert orsd["vs_baseline"]["learning"]["n"] == 2
