@@ -42,10 +42,10 @@ def tables(summary: dict, window: int) -> list[Table]:
     learning = Table(
         f"Learning: mean training reward over the last {window} steps minus the first {window}",
         "Per seed, then over seeds: mean, standard error (SE), how many SEs the mean lies from 0, and the 95 % "
-        "percentile bootstrap interval over seeds (scipy.stats.bootstrap). With fewer than 2·window steps the "
-        "two windows overlap.",
+        "percentile bootstrap interval over seeds (scipy.stats.bootstrap), over the runs that have finished (seeds). "
+        "With fewer than 2·window steps the two windows overlap.",
         ["arm", "method", "seeds", "per seed", "mean", "SE", "mean / SE", "95 % interval"],
-        [[label, str(arm["method"]), str(len(arm["seeds"])),
+        [[label, str(arm["method"]), str(len(arm["learning"]["per_seed"])),
           ", ".join(number(v) for v in arm["learning"]["per_seed"].values()), number(arm["learning"]["mean"]),
           number(arm["learning"]["se"]), number(arm["learning"]["n_se"], 1), interval(arm["learning"])]
          for label, arm in arms.items()])

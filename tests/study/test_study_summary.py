@@ -220,3 +220,5 @@ def test_a_run_in_progress_is_left_out_of_the_learning_statistic(tmp_path):
     orsd = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], "grpo")["arms"]["orsd"]
     assert orsd["learning"]["per_seed"] == pytest.approx({"0": 0.5, "1": 1.0}) and orsd["learning"]["n"] == 2
     assert orsd["vs_baseline"]["learning"]["n"] == 2
+    write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"]})
+    assert "| orsd | orsd | 2 | 0.500, 1.000 |" in (tmp_path / "study.md").read_text()  # the finished seeds
