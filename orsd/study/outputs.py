@@ -54,8 +54,10 @@ def tables(summary: dict, window: int) -> list[Table]:
         "Per seed, arm − baseline (the same seed draws the same tasks from the same initial policy); the mean "
         "over seeds with its 95 % bootstrap interval over seeds; and per seed how many steps from the first the arm "
         "sampled exactly the baseline's trajectories (groups.jsonl: same tasks, actions and rewards).",
-        ["arm", "Δ learning statistic", "Δ held-out success at the end", "seeds", "identical steps per seed"],
+        ["arm", "Δ learning statistic", "Δ held-out success at the end", "Δ held-out score at the end", "seeds",
+         "identical steps per seed"],
         [[label, interval(arm["vs_baseline"]["learning"]), interval(arm["vs_baseline"]["heldout_end"]),
+          interval(arm["vs_baseline"]["heldout_score_end"]),
           str(arm["vs_baseline"]["learning"]["n"]),
           ", ".join(f"{seed}: {'–' if k is None else k}" for seed, k in arm["vs_baseline"]["identical_steps"].items()) or "–"]
          for label, arm in arms.items() if "vs_baseline" in arm])

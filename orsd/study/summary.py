@@ -182,7 +182,8 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
             "shaping": shaping(by_seed),
         }
     if baseline is not None and baseline in arms:
-        base_end = _end_success(runs.get(baseline, {}), end)
+        base_end = _end_value(runs.get(baseline, {}), end, "success_rate")
+        base_score = _end_value(runs.get(baseline, {}), end, "score_mean")
         for label in labels:
             if label == baseline:
                 continue
@@ -192,7 +193,10 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
                                     for seed, run in sorted(runs.get(label, {}).items())
                                     if seed in runs.get(baseline, {})},
                 "learning": stats.paired_difference(gains[label], gains[baseline]).as_dict(),
-                "heldout_end": stats.paired_difference(_end_success(runs.get(label, {}), end), base_end).as_dict(),
+                "heldout_end": stats.paired_difference(_end_value(runs.get(label, {}), end, "success_rate"),
+                                                       base_end).as_dict(),
+                "heldout_score_end": stats.paired_difference(_end_value(runs.get(label, {}), end, "score_mean"),
+                                                             base_score).as_dict(),
             }
     return {"end_step": end, "baseline": baseline, "arms": arms}
 
@@ -222,9 +226,10 @@ def identical_steps(arm: Path, baseline: Path) -> int | None:
     return same
 
 
-def _end_success(by_seed: dict[int, RunData], end: int | None) -> dict[int, float]:
+def _end_value(by_seed: dict[int, RunData], end: int | None, key: str) -> dict[int, float]:
+    """seed -> `key` of the run's eval.jsonl record at step `end` (success_rate, score_mean)."""
     records = {seed: eval_at(run, end) for seed, run in by_seed.items()} if end is not None else {}
-    return {seed: r["success_rate"] for seed, r in records.items() if r is not None}
+    return {seed: r[key] for seed, r in records.items() if r is not None and stats.is_number(r.get(key))}
 
 
 def default_baseline(labels: list[str], methods: dict[str, str]) -> str | None:

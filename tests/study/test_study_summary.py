@@ -67,6 +67,7 @@ def test_summary_numbers(tmp_path):
     versus = orsd["vs_baseline"]
     assert versus["learning"]["mean"] == pytest.approx(1.0) and versus["learning"]["n"] == 3
     assert versus["heldout_end"]["mean"] == pytest.approx(0.5)  # [0.5, 0.75, 1] − [0, 0.25, 0.5]
+    assert versus["heldout_score_end"]["mean"] == pytest.approx(0.5)  # make_study writes success as the score
     assert "vs_baseline" not in summary["arms"]["grpo"]
     grpo = summary["arms"]["grpo"]["learning"]
     assert grpo["mean"] == 0.0 and grpo["n_se"] is None  # 0 / 0: written as null, not NaN
@@ -104,7 +105,7 @@ def test_outputs_name_every_arm(tmp_path):
     assert all(line.split(" | ")[2] == "3" for line in table1)  # its seeds averaged
     for label in SLOPES:
         assert text.count(f"| {label} |") >= 4, label  # learning, held-out, shaping, Table 1 (and vs GRPO)
-    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 3 |" in text  # against GRPO, paired by seed
+    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 3 |" in text  # against GRPO, paired by seed
     page = (tmp_path / "study.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and all(f">{label}<" in page for label in SLOPES)
 
