@@ -59,7 +59,8 @@ def tables(summary: dict, window: int) -> list[Table]:
         [[label, interval(arm["vs_baseline"]["learning"]), interval(arm["vs_baseline"]["heldout_end"]),
           interval(arm["vs_baseline"]["heldout_score_end"]),
           str(arm["vs_baseline"]["learning"]["n"]),
-          ", ".join(f"{seed}: {'–' if k is None else k}" for seed, k in arm["vs_baseline"]["identical_steps"].items()) or "–"]
+          ", ".join(f"{seed}: {'–' if k is None else k}"
+                    for seed, k in arm["vs_baseline"]["identical_steps"].items()) or "–"]
          for label, arm in arms.items() if "vs_baseline" in arm])
     held = Table(
         f"Held-out success at step 0 and at step {summary['end_step'] if summary['end_step'] is not None else '–'}",

@@ -215,7 +215,7 @@ def _rollouts(path: Path) -> dict[int, list]:
 
 def identical_steps(arm: Path, baseline: Path) -> int | None:
     """How many steps from the first the arm sampled exactly what the baseline did (same tasks, same
-    actions, same rewards): both start from one policy with one seed, so they part only once their
+    commands in every trajectory, same rewards): both start from one policy with one seed, so they part only once their
     updates have made the weights differ enough to change a sampled token."""
     mine, theirs = _rollouts(arm), _rollouts(baseline)
     if not mine or not theirs:

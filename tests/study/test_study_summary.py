@@ -105,7 +105,8 @@ def test_outputs_name_every_arm(tmp_path):
     assert all(line.split(" | ")[2] == "3" for line in table1)  # its seeds averaged
     for label in SLOPES:
         assert text.count(f"| {label} |") >= 4, label  # learning, held-out, shaping, Table 1 (and vs GRPO)
-    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 3 |" in text  # against GRPO, paired by seed
+    # against GRPO, paired by seed: learning, held-out success and score at the end, seeds
+    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 3 |" in text
     page = (tmp_path / "study.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and all(f">{label}<" in page for label in SLOPES)
 
