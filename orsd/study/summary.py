@@ -184,14 +184,14 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
     if baseline is not None and baseline in arms:
         base_end = _end_value(runs.get(baseline, {}), end, "success_rate")
         base_score = _end_value(runs.get(baseline, {}), end, "score_mean")
+        base_rollouts = {seed: _rollouts(run.path) for seed, run in runs.get(baseline, {}).items()}  # read once
         for label in labels:
             if label == baseline:
                 continue
             arms[label]["vs_baseline"] = {
                 "baseline": baseline,
-                "identical_steps": {str(seed): identical_steps(run.path, runs[baseline][seed].path)
-                                    for seed, run in sorted(runs.get(label, {}).items())
-                                    if seed in runs.get(baseline, {})},
+                "identical_steps": {str(seed): identical_steps(_rollouts(run.path), base_rollouts[seed])
+                                    for seed, run in sorted(runs.get(label, {}).items()) if seed in base_rollouts},
                 "learning": stats.paired_difference(gains[label], gains[baseline]).as_dict(),
                 "heldout_end": stats.paired_difference(_end_value(runs.get(label, {}), end, "success_rate"),
                                                        base_end).as_dict(),
@@ -213,11 +213,10 @@ def _rollouts(path: Path) -> dict[int, list]:
     return {step: [groups[g] for g in sorted(groups)] for step, groups in steps.items()}
 
 
-def identical_steps(arm: Path, baseline: Path) -> int | None:
+def identical_steps(mine: dict[int, list], theirs: dict[int, list]) -> int | None:
     """How many steps from the first the arm sampled exactly what the baseline did (same tasks, same
     commands in every trajectory, same rewards): both start from one policy with one seed, so they part only once their
-    updates have made the weights differ enough to change a sampled token."""
-    mine, theirs = _rollouts(arm), _rollouts(baseline)
+    updates have made the weights differ enough to change a sampled token. `mine`, `theirs`: `_rollouts`."""
     if not mine or not theirs:
         return None  # nothing sampled yet by one of them
     same = 0
