@@ -152,6 +152,18 @@ def html_page(study: dict, summary: dict, runs_table: Table, window: int, table1
             f"<style>{CSS}</style></head>\n<body>\n" + "\n".join(parts) + "\n</body></html>\n")
 
 
+def _status(run) -> str:
+    """What the run directory says of a run this invocation did not launch: it cannot tell a run
+    still going from one that was stopped, so an unfinished run says how far it got."""
+    if run is None:
+        return "not started"
+    if run.finished:
+        return "finished"
+    wanted = (run.config.get("train") or {}).get("steps")
+    last = max((s["step"] for s in run.steps), default=0)
+    return f"unfinished ({last} of {wanted} steps)" if isinstance(wanted, int) else f"unfinished ({last} steps)"
+
+
 def write_outputs(study: dict, statuses: dict[str, str] | None = None, baseline: str | None = None,
                   window: int = 5) -> list[Path]:
     """summary.json, curves.png, heldout.png, study.md and study.html in OUT for the study recorded in
@@ -169,11 +181,12 @@ def write_outputs(study: dict, statuses: dict[str, str] | None = None, baseline:
     summary = summarize(runs, labels, baseline or default_baseline(labels, methods), window, arm_methods)
     summary["study"] = study
     summary["runs"] = {f"{label}/seed{seed}": (statuses or {}).get(f"{label}/seed{seed}")
-                       or ("recorded" if seed in runs.get(label, {}) else "not started")
-                       for label in labels for seed in seeds}
+                       or _status(runs.get(label, {}).get(seed)) for label in labels for seed in seeds}
     images = {"curves.png": plot_study(runs, labels, out / "curves.png"),
               "heldout.png": plot_heldout(summary["arms"], labels, out / "heldout.png")}
-    specs = [(label, str(run.path)) for label in labels for run in runs.get(label, {}).values()]
+    # Table 1 from the finished runs only: one run still at its step-0 evaluation would pull every
+    # arm's shared checkpoint back to step 0
+    specs = [(label, str(run.path)) for label in labels for run in runs.get(label, {}).values() if run.finished]
     checkpoints = compare.shared_checkpoints(compare.read_runs(specs)) if specs else []
     table1 = (checkpoints, compare.table(checkpoints))
     runs_table = Table("Runs", "Each run's directory holds its config.yaml, steps.jsonl, groups.jsonl, eval.jsonl "

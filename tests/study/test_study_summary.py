@@ -98,7 +98,7 @@ def test_outputs_name_every_arm(tmp_path):
     assert {p.name for p in written} == {"summary.json", "study.md", "study.html", "curves.png", "heldout.png"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["arms"]) == list(SLOPES) and summary["baseline"] == "grpo"
-    assert summary["runs"]["orsd/seed2"] == "failed (exit status 1)" and summary["runs"]["grpo/seed0"] == "recorded"
+    assert summary["runs"]["orsd/seed2"] == "failed (exit status 1)" and summary["runs"]["grpo/seed0"] == "finished"
     text = (tmp_path / "study.md").read_text()
     table1 = [line for line in text.splitlines() if line.startswith("| initial |")]
     assert sorted(line.split(" | ")[1] for line in table1) == sorted(SLOPES)  # orsd-compare: one row per arm
@@ -224,3 +224,22 @@ def test_a_run_in_progress_is_left_out_of_the_learning_statistic(tmp_path):
     assert orsd["vs_baseline"]["learning"]["n"] == 2
     write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"]})
     assert "| orsd | orsd | 2 | 0.500, 1.000 |" in (tmp_path / "study.md").read_text()  # the finished seeds
+
+
+def test_table1_and_the_runs_table_tell_an_unfinished_run(tmp_path):
+    """A run at its step-0 evaluation is named unfinished and kept out of Table 1, whose shared
+    checkpoint stays at the finished runs' last evaluation (it fell back to step 0 before)."""
+    make_study(tmp_path, labels=("grpo", "orsd"))
+    for path in (tmp_path / "grpo").glob("seed*"):
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        (path / "config.yaml").write_text(yaml.safe_dump({**config, "train": {"steps": 10}}))
+    run = tmp_path / "grpo" / "seed2"
+    (run / "steps.jsonl").write_text("".join((run / "steps.jsonl").read_text().splitlines(keepends=True)[:2]))
+    (run / "eval.jsonl").write_text((run / "eval.jsonl").read_text().splitlines(keepends=True)[0])
+    write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"]})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["runs"]["grpo/seed2"] == "unfinished (2 of 10 steps)" and summary["runs"]["grpo/seed1"] == "finished"
+    text = (tmp_path / "study.md").read_text()
+    assert "| grpo/seed2 | 2 | unfinished (2 of 10 steps) |" in text
+    assert "- WebShop: eval.jsonl at step 10, split test, the last step evaluated by all 5 runs" in text
+    assert "| initial | grpo | 2 | 12.5 | 12.5 |" in text  # seeds 0 and 1 at step 10: success (and score) 0 and 0.25
