@@ -159,9 +159,8 @@ def _status(run) -> str:
         return "not started"
     if run.finished:
         return "finished"
-    wanted = (run.config.get("train") or {}).get("steps")
-    last = max((s["step"] for s in run.steps), default=0)
-    return f"unfinished ({last} of {wanted} steps)" if isinstance(wanted, int) else f"unfinished ({last} steps)"
+    of = f" of {run.wanted_steps}" if run.wanted_steps is not None else ""
+    return f"unfinished ({run.last_step}{of} steps)"
 
 
 def write_outputs(study: dict, statuses: dict[str, str] | None = None, baseline: str | None = None,

@@ -34,11 +34,19 @@ class RunData:
     evals: list[dict]
 
     @property
+    def wanted_steps(self) -> int | None:
+        """train.steps of the run's config, or None where it names none."""
+        wanted = (self.config.get("train") or {}).get("steps")
+        return wanted if isinstance(wanted, int) else None
+
+    @property
+    def last_step(self) -> int:
+        return max((s["step"] for s in self.steps), default=0)
+
+    @property
     def finished(self) -> bool:
         """Whether the run recorded every step its config asks for (train.steps; without one, any)."""
-        wanted = (self.config.get("train") or {}).get("steps")
-        last = max((s["step"] for s in self.steps), default=0)
-        return last >= wanted if isinstance(wanted, int) else last > 0
+        return self.last_step >= self.wanted_steps if self.wanted_steps is not None else self.last_step > 0
 
     def series(self, key: str) -> dict[int, float]:
         """step -> finite value of `key` in steps.jsonl."""
@@ -215,8 +223,9 @@ def _rollouts(path: Path) -> dict[int, list]:
 
 def identical_steps(mine: dict[int, list], theirs: dict[int, list]) -> int | None:
     """How many steps from the first the arm sampled exactly what the baseline did (same tasks, same
-    commands in every trajectory, same rewards): both start from one policy with one seed, so they part only once their
-    updates have made the weights differ enough to change a sampled token. `mine`, `theirs`: `_rollouts`."""
+    commands in every trajectory, same rewards): both start from one policy with one seed, so they
+    part only once their updates have made the weights differ enough to change a sampled token.
+    `mine`, `theirs`: `_rollouts` of the two runs."""
     if not mine or not theirs:
         return None  # nothing sampled yet by one of them
     same = 0
