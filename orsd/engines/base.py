@@ -5,10 +5,16 @@ Every engine takes prompts as token ids (never text) and returns exactly the sam
 records are token-in/token-out. Log-probs are those of the temperature-scaled distribution
 (log_softmax(logits / temperature)), the same quantity paired replay recomputes; top-p only
 shapes what is sampled, and so does top-k, which is off unless asked for.
+
+`Sampling.seed` with request `keys` asks for keyed sampling: every request draws from its own random
+stream, seeded by `key_seed(seed, key)`, so what one request samples depends on its prompt, key and
+the model alone, not on the other requests of the call, how they are batched or what ran before
+(held-out evaluation: common random numbers across batches, runs and policies).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +38,10 @@ class Sampling:
     # (engines/speculative.py; 0: off). What is sampled keeps its distribution; the ids a seed gives
     # differ from the plain loop's.
     draft_tokens: int = 0
+    # keyed sampling (module docstring): each request samples from a stream seeded by
+    # key_seed(seed, its key); the caller must give keys. None: the engine's own seeding (hf: the
+    # global torch generator over the whole batch; vllm: its engine seed with the key)
+    seed: int | None = None
 
 
 @dataclass
@@ -44,12 +54,28 @@ class Generation:
 class RolloutEngine(Protocol):
     """`keys` name each request stably (step, task, sample, turn); an engine that can seed per
     request seeds from them, so sampling does not depend on how requests are batched or split
-    across ranks."""
+    across ranks. With `sampling.seed` set every engine must: keyed sampling (module docstring)."""
 
     def generate(self, prompts: list[list[int]], sampling: Sampling,
                  keys: list[str] | None = None) -> list[Generation]: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def key_seed(seed: int, key: str) -> int:
+    """A 63-bit seed from (seed, request key): the same request draws the same stream on any rank,
+    in any batch (blake2b, not Python's salted hash, so it is the same in every process)."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def check_keys(prompts: list, sampling: Sampling, keys: list[str] | None) -> None:
+    """Both engines refuse keys that do not name every prompt, and keyed sampling without keys."""
+    if keys is not None and len(keys) != len(prompts):
+        raise ValueError(f"keys: {len(keys)} keys for {len(prompts)} prompts: expected one key per prompt")
+    if sampling.seed is not None and keys is None:
+        raise ValueError(f"sampling.seed={sampling.seed} asks for keyed sampling: expected keys, one stable "
+                         "key per prompt")
 
 
 def stop_ids(tokenizer, model) -> list[int]:

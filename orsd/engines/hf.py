@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import torch
 
 from . import speculative
-from .base import Generation, Sampling, stop_ids
+from .base import Generation, Sampling, check_keys, stop_ids
+from .decode import KeyedNoise, decode
 from .speculative import DraftStats
 
 
@@ -22,9 +23,13 @@ class HfEngine:
     which samples as transformers' `generate` does.
 
     It generates with the live policy module, so weights are always in sync; prompts are sorted
-    by length and left-padded in batches of at most `batch_size` prompts and `token_budget`
-    padded tokens. A whole batch samples from the global torch generator (as transformers does),
-    so `keys` are ignored: samples depend on the batch (use the vllm engine for per-request seeds).
+    by length and left-padded in batches of at most `batch_size` prompts (0: no limit) and
+    `token_budget` padded tokens. Without `sampling.seed` a whole batch samples from the global
+    torch generator (as transformers does) and `keys` are ignored: samples depend on the batch.
+    With it, keyed sampling (engines/base.py, engines/decode.py): row r chooses its tokens with
+    Gumbel noise from a stream seeded by key_seed(sampling.seed, keys[r]), so a request samples
+    the same in any batch (up to a near tie moved by the float rounding of batched matmuls) and
+    the global generator is left alone.
     """
 
     def __init__(self, model, tokenizer, batch_size: int = 64, token_budget: int = 65536,
@@ -50,23 +55,30 @@ class HfEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling,
                  keys: list[str] | None = None) -> list[Generation]:
+        check_keys(prompts, sampling, keys)
+        keyed = sampling.seed is not None and not sampling.greedy  # greedy draws nothing
+        if keyed and sampling.draft_tokens:
+            raise ValueError(f"sampling.draft_tokens={sampling.draft_tokens} with sampling.seed={sampling.seed}: "
+                             "speculative decoding has no keyed sampling; expected draft_tokens=0 or seed=None")
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
+        rows = self.batch_size or len(order)
         start = 0
         while start < len(order):
             end = start + 1
-            while (end < len(order) and end - start < self.batch_size
+            while (end < len(order) and end - start < rows
                    and (end - start + 1) * (len(prompts[order[end]]) + sampling.max_new_tokens)
                    <= self.token_budget):
                 end += 1
             batch = order[start:end]
-            for i, gen in zip(batch, self._generate_batch([prompts[i] for i in batch], sampling)):
+            noise = KeyedNoise(sampling.seed, [keys[i] for i in batch]) if keyed else None
+            for i, gen in zip(batch, self._generate_batch([prompts[i] for i in batch], sampling, noise)):
                 results[i] = gen
             start = end
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
-        from .decode import decode
+    def _generate_batch(self, prompts: list[list[int]], sampling: Sampling,
+                        noise: KeyedNoise | None = None) -> list[Generation]:
         from .kv_cache import reserved_cache
 
         width = max(len(p) for p in prompts)
@@ -80,7 +92,8 @@ class HfEngine:
                                                                   self.pad_id, self.draft_corpus)
                     self.draft_stats.add(stats)
                 else:
-                    new_ids, logprobs = decode(self.model, prompts, cache, sampling, self.stop_ids, self.pad_id)
+                    new_ids, logprobs = decode(self.model, prompts, cache, sampling, self.stop_ids, self.pad_id,
+                                               noise)
         finally:
             self.model.train(was_training)
         new_ids, logprobs = new_ids.cpu(), logprobs.cpu()

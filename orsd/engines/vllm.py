@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from .base import Generation, Sampling, stop_ids
+from .base import Generation, Sampling, check_keys, key_seed, stop_ids
 from .decode import check_top_k
 from .weight_sync import Deadline, WeightSyncTimeout, buckets, gather
 
@@ -119,6 +119,7 @@ class VllmEngine:
                  keys: list[str] | None = None) -> list[Generation]:
         self._check_usable()
         _check_sampling(sampling)
+        check_keys(prompts, sampling, keys)
         for index, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompts[{index}] is empty: expected at least one token id")
@@ -142,7 +143,9 @@ class VllmEngine:
             top_p=1.0 if sampling.greedy else sampling.top_p,
             top_k=0 if sampling.greedy else sampling.top_k, min_p=0.0,
             max_tokens=min(sampling.max_new_tokens, self.max_model_len - len(prompt)),
-            seed=_request_seed(self.seed, self.rank, call, index) if keys is None else _key_seed(self.seed, keys[index]),
+            # keyed sampling (engines/base.py) seeds from sampling.seed: one contract with the hf engine
+            seed=(_request_seed(self.seed, self.rank, call, index) if keys is None
+                  else key_seed(self.seed if sampling.seed is None else sampling.seed, keys[index])),
             stop_token_ids=list(self.stop_ids),
             logprobs=0, detokenize=False, skip_special_tokens=False)
             for index, prompt in enumerate(prompts)]
@@ -355,12 +358,6 @@ def _reprocess_tied(model: torch.nn.Module) -> None:
 def _request_seed(seed: int, rank: int, call: int, index: int) -> int:
     """A distinct, reproducible seed per (engine seed, trainer rank, generate call, prompt index)."""
     digest = hashlib.blake2b(f"{seed}:{rank}:{call}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def _key_seed(seed: int, key: str) -> int:
-    """A seed from the request's stable key: the same request samples the same on any rank."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 

@@ -1,8 +1,18 @@
 """Held-out evaluation: fixed tasks of a held-out split, a few samples each at temperature 0.6.
 
 Reports what the paper reports: success rate (overall and per ALFWorld task type) and, for the
-shop, WebShop's official score. The same `num_tasks` tasks of the split (a fixed seeded sample)
-are used every time, so evaluations of one run, and of different runs, are comparable.
+shop, WebShop's official score, and beside them one small record per episode (`episode_records`)
+so that two evaluations can be paired episode by episode. The same `num_tasks` tasks of the split
+(a fixed sample stratified by task kind, `eval_tasks`) are used every time, so evaluations of one
+run, and of different runs, are comparable.
+
+Common random numbers: every episode samples with keyed sampling (engines/base.py), its turn t
+keyed `heldout:<task id>:<sample>:<t>` and seeded by train.seed. An episode therefore draws the
+same random numbers whatever else is evaluated with it, in whatever batches, and whenever the
+evaluation runs: one policy gives the same episodes every time, and two policies (the start and the
+end of a run, two arms of a seed) meet the same random numbers episode by episode, so their
+difference is paired. The global torch generator is neither read nor reseeded, so when an
+evaluation runs never changes training.
 """
 
 from __future__ import annotations
@@ -12,8 +22,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-
-import torch
+from contextlib import contextmanager
 
 from orsd import envs
 from orsd.envs.prompts import prompt_templates
@@ -28,15 +37,43 @@ DEFAULT_EVAL_SPLIT = {"webshop": "test", "alfworld": "valid_unseen"}
 
 
 def eval_tasks(env, split: str, num_tasks: int) -> list:
-    """A fixed sample of the split (seeded independently of the run, so every run sees the same)."""
+    """The held-out sample: `num_tasks` tasks of the split, stratified by task kind (WebShop's
+    product category, ALFWorld's task type).
+
+    Each kind's tasks are shuffled with a seed of their own, and tasks are taken round-robin over
+    the kinds (in a seeded order): every kind gets `num_tasks // kinds` tasks or one more (the
+    first kinds of that order), a kind with fewer tasks than its share leaves the rest to the
+    others, and a smaller sample is the start of a larger one. The seeds are fixed, not the run's:
+    every run, and every evaluation of a run, sees the same tasks."""
     tasks = env.tasks(split)
     if not tasks:
         raise ValueError(f"split={split!r} of env {env.name!r} has no tasks to evaluate on")
-    return random.Random(0).sample(tasks, min(num_tasks, len(tasks)))
+    by_kind: dict[str, list] = defaultdict(list)
+    for task in sorted(tasks, key=lambda t: t.id):
+        by_kind[task.kind].append(task)
+    for kind, members in by_kind.items():
+        random.Random(f"eval_tasks:{kind}").shuffle(members)
+    kinds = sorted(by_kind)
+    random.Random("eval_tasks").shuffle(kinds)
+    chosen = [by_kind[kind][rank] for rank in range(max(map(len, by_kind.values())))
+              for kind in kinds if rank < len(by_kind[kind])]
+    return chosen[:num_tasks]
+
+
+def episode_records(groups: list[Group]) -> list[dict]:
+    """One record per episode, small enough for eval.jsonl (no token ids, no observations): the
+    task and its kind, the sample index, the outcome, the actions taken (None where the reply had
+    no parsable action), how many were invalid, the turns and the env error ("" if none). (task,
+    sample) names the episode across evaluations: its random numbers are the same in every one."""
+    return [{"task": group.task.id, "kind": group.task.kind, "sample": sample, "score": t.score,
+             "won": t.won, "actions": list(t.actions), "invalid_actions": t.num_invalid,
+             "turns": len(t.actions), "error": t.error}
+            for group in groups for sample, t in enumerate(group.trajectories)]
 
 
 def summarize(groups: list[Group], env_name: str, split: str, step: int) -> dict:
-    """success rate and mean official score, overall and per task kind (ALFWorld task type)."""
+    """success rate and mean official score, overall and per task kind (ALFWorld task type), and
+    the episodes' records."""
     per_kind: dict[str, list] = defaultdict(list)
     trajectories = [t for g in groups for t in g.trajectories]
     for trajectory in trajectories:
@@ -54,19 +91,38 @@ def summarize(groups: list[Group], env_name: str, split: str, step: int) -> dict
         "per_kind": {kind: {"success_rate": sum(t.won for t in ts) / len(ts),
                             "score_mean": sum(t.score for t in ts) / len(ts), "episodes": len(ts)}
                      for kind, ts in sorted(per_kind.items())},
+        "episodes": episode_records(groups),
     }
+
+
+@contextmanager
+def engine_batch_size(engine, batch_size: int | None):
+    """The engine batches at most `batch_size` requests meanwhile (0: as many as its token budget
+    allows; None, or an engine without a batch size such as vllm's: as it does)."""
+    if batch_size is None or not hasattr(engine, "batch_size"):
+        yield
+        return
+    saved, engine.batch_size = engine.batch_size, batch_size
+    try:
+        yield
+    finally:
+        engine.batch_size = saved
 
 
 def evaluate(engine, tokenizer, env, split: str, num_tasks: int, samples: int, temperature: float,
              max_new_tokens: int, max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-             step: int = 0, seed: int = 0, templates=None, top_p: float = 1.0, top_k: int = 0) -> dict:
+             step: int = 0, seed: int = 0, templates=None, top_p: float = 1.0, top_k: int = 0,
+             batch_size: int | None = None) -> dict:
     """`samples` episodes on each of `num_tasks` held-out tasks, sampled at `temperature` with the
-    rollouts' nucleus and top-k filters (`top_p`, `top_k`: rollout.top_p / rollout.top_k)."""
-    torch.manual_seed(seed)
+    rollouts' nucleus and top-k filters (`top_p`, `top_k`: rollout.top_p / rollout.top_k), keyed
+    by `seed` (module docstring), `batch_size` requests per engine batch (train.eval_batch_size;
+    None: the engine's own)."""
     tasks = eval_tasks(env, split, num_tasks)
-    groups = rollout(engine, tokenizer, env, tasks, samples, Sampling(temperature, top_p, max_new_tokens, top_k=top_k),
-                     max_context_tokens, max_actions, max_history_turns, f"eval{step}", 0, templates)
-    return summarize(groups, env.name, split, step)
+    sampling = Sampling(temperature, top_p, max_new_tokens, top_k=top_k, seed=seed)
+    with engine_batch_size(engine, batch_size):
+        groups = rollout(engine, tokenizer, env, tasks, samples, sampling, max_context_tokens, max_actions,
+                         max_history_turns, templates=templates, group_keys=[f"heldout:{t.id}" for t in tasks])
+    return {**summarize(groups, env.name, split, step), "seed": seed}
 
 
 def evaluate_trainer(trainer, step: int) -> dict:
@@ -79,7 +135,8 @@ def evaluate_trainer(trainer, step: int) -> dict:
         return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks,
                         cfg.train.eval_samples, cfg.train.eval_temperature, cfg.rollout.max_new_tokens,
                         cfg.rollout.max_context_tokens, cfg.env.max_actions, cfg.env.max_history_turns, step,
-                        cfg.train.seed, trainer.templates, cfg.rollout.top_p, cfg.rollout.top_k)
+                        cfg.train.seed, trainer.templates, cfg.rollout.top_p, cfg.rollout.top_k,
+                        cfg.train.eval_batch_size)
 
 
 def make_eval_env(config, split: str):
@@ -129,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(args.checkpoint, config.model.dtype, config.model.device, config.model.attn_implementation)
     start = time.perf_counter()
     with autocast(policy, config.model.autocast):
-        result = evaluate(HfEngine(policy, tokenizer, config.rollout.batch_size), tokenizer,
+        result = evaluate(HfEngine(policy, tokenizer, config.train.eval_batch_size), tokenizer,
                           make_eval_env(config, split), split, args.tasks or config.train.eval_tasks,
                           args.samples or config.train.eval_samples, config.train.eval_temperature,
                           config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
@@ -142,3 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_dir:
         RunDir(args.run_dir).append("eval.jsonl", result)
     return 0
+
+
+if __name__ == "__main__":  # orsd-study runs the shared start evaluation as `python -m orsd.train.evaluate`
+    sys.exit(main())

@@ -72,11 +72,18 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
 def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
             max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
             key_prefix: str = "", group_offset: int = 0, templates=None,
-            placement: str = "action") -> list[Group]:
+            placement: str = "action", group_keys: list[str] | None = None) -> list[Group]:
     """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
 
-    Request keys are `<key_prefix>:<global group index>:<sample>:<turn>` (see RolloutEngine)."""
-    groups = [Group(task=task, trajectories=[], key=f"{key_prefix}:{group_offset + g}") for g, task in enumerate(tasks)]
+    Request keys are `<group key>:<sample>:<turn>` (see RolloutEngine), the group key being
+    `<key_prefix>:<global group index>` unless `group_keys` names every group (held-out evaluation:
+    `heldout:<task id>`, so an episode's key does not depend on which other tasks ran)."""
+    if group_keys is None:
+        group_keys = [f"{key_prefix}:{group_offset + g}" for g in range(len(tasks))]
+    elif len(group_keys) != len(tasks) or len(set(group_keys)) != len(group_keys):
+        raise ValueError(f"group_keys: {len(group_keys)} keys for {len(tasks)} tasks: expected one distinct key "
+                         "per task")
+    groups = [Group(task=task, trajectories=[], key=key) for task, key in zip(tasks, group_keys)]
     live = []  # (trajectory, env fork, key of the episode)
     for g, group in enumerate(groups):
         for sample in range(group_size):

@@ -142,6 +142,26 @@ def test_rollouts_replay_from_the_same_seed_state(engine, tiny):
     assert [g.ids for g in second] != [g.ids for g in first]
 
 
+def test_keyed_sampling_seeds_from_sampling_seed(engine, tiny):
+    """Keyed sampling (engines/base.py) as the hf engine does it: `sampling.seed`, not the engine's seed,
+    together with the request key names the stream, so a request samples the same alone or in a batch."""
+    _, tokenizer, _ = tiny
+    prompts = prompts_of(tokenizer)[:3]
+    keys = ["heldout:a:0:0", "heldout:b:0:0", "heldout:c:1:0"]
+
+    def ids(sampling, chosen=(0, 1, 2)):
+        return [g.ids for g in engine.generate([prompts[i] for i in chosen], sampling, [keys[i] for i in chosen])]
+
+    keyed = ids(Sampling(temperature=1.0, max_new_tokens=16, seed=5))
+    assert ids(Sampling(temperature=1.0, max_new_tokens=16, seed=5), (2,)) == keyed[2:]
+    assert ids(Sampling(temperature=1.0, max_new_tokens=16, seed=6)) != keyed
+    # the engine was built with seed 0: sampling.seed=0 gives each key the seed the engine's seed gives it
+    unkeyed = Sampling(temperature=1.0, max_new_tokens=16)
+    assert ids(Sampling(temperature=1.0, max_new_tokens=16, seed=0)) == ids(unkeyed)
+    with pytest.raises(ValueError, match="sampling.seed=5 asks for keyed sampling"):
+        engine.generate(prompts, Sampling(temperature=1.0, max_new_tokens=16, seed=5))
+
+
 def test_greedy_matches_the_hf_engine(engine, tiny):
     _, tokenizer, policy = tiny
     prompts = prompts_of(tokenizer)

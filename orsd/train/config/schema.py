@@ -322,7 +322,8 @@ class TrainConfig:
     save_every: int = doc(10, "checkpoint every K steps, to resume a killed run from (0 = only at the end; "
                           "the end always gets one)", ge=0, resumable=True)
     keep_checkpoints: int = doc(2, "keep the last N checkpoints (0 = keep all)", ge=0, resumable=True)
-    # evaluation reseeds itself and uses its own env, so when it runs never changes training
+    # evaluation samples from its own keyed streams (never the global generator) and uses its own env,
+    # so when it runs never changes training
     eval_every: int = doc(50, "evaluate every K steps (0 = never; the embedded CPU default: 0)", ge=0,
                           resumable=True)
     eval_before: bool = doc(False, "evaluate before training", resumable=True)
@@ -330,6 +331,10 @@ class TrainConfig:
     eval_samples: int = doc(4, "samples per held-out task", ge=1, resumable=True)
     eval_temperature: float = doc(0.6, "sampling temperature of evaluation (which keeps rollout.top_p and rollout.top_k)",
                                  gt=0, resumable=True)
+    eval_batch_size: int = doc(0, "episodes the hf engine generates together in one batch during evaluation (0 = every "
+                               "live episode of a turn, within the engine's token budget); each episode samples from "
+                               "its own seeded stream, so this changes speed, not what is sampled", ge=0,
+                               resumable=True)
     progress: bool = doc(True, "show a progress bar", resumable=True)
     tensorboard: bool = doc(True, "write TensorBoard event files under <run>/tensorboard/", resumable=True)
     wandb: bool = doc(False, "also log to Weights & Biases (needs the wandb package)", resumable=True)
