@@ -57,6 +57,28 @@ class Initial:
         return (self.path / "summary.jsonl").is_file() and (self.policy / "config.json").is_file()
 
 
+#: the config keys that decide what a held-out evaluation of one policy gives: an arm that changes none
+#: of them shares the start evaluation of its seed
+EVAL_INPUTS = ("model.", "env.", "rollout.", "train.eval_", "train.seed")
+
+
+@dataclass
+class StartEvaluation:
+    """The held-out evaluation of the shared initial policy for one seed, run once and read by every arm
+    that shares it (OUT/initial/eval/seed<S>/eval.jsonl): with per-episode random streams it is exactly
+    what each run's own step-0 evaluation would sample, so repeating it per arm only cost time."""
+
+    seed: int
+    path: Path
+    policy: str
+    overrides: list[str]
+
+    def finished(self) -> bool:
+        from .grid import has_eval
+
+        return has_eval(self.path, 0)
+
+
 @dataclass
 class Plan:
     out: Path
@@ -70,6 +92,7 @@ class Plan:
     base: dict
     initial: Initial | None
     runs: list[Run]
+    start_evaluations: list[StartEvaluation]
 
 
 def _flat(data: dict) -> dict:
@@ -108,16 +131,30 @@ def make_plan(config: str | None, arms: list[Arm], seeds: list[int], out: Path, 
                      "verifier.check_reachable=false", f"train.run_name={INITIAL}", f"model.threads={cores}"]
         _load(config, overrides, f"the initial policy's run (the warm start of --arms {writer.label})")
         initial = Initial(out / INITIAL, overrides, resolved[writer.label].method.name)
+    policy = str(initial.policy) if initial is not None else base.model.path
+    sharing = {arm.label for arm in arms
+               if base.train.eval_before and _eval_inputs(resolved[arm.label]) == _eval_inputs(base)}
+    evaluations = [StartEvaluation(seed, out / INITIAL / "eval" / f"seed{seed}", policy,
+                                   [*sets, f"train.seed={seed}", f"model.threads={threads}"])
+                   for seed in seeds] if sharing else []
     runs = []
     for arm in arms:
         for seed in seeds:
             run = Run(arm, seed, run_path(out, arm.label, seed), resolved[arm.label].train.steps,
                       resolved[arm.label].train.eval_every)
             run.overrides = [*sets, *arm.overrides, *shared_policy(initial), f"train.seed={seed}",
-                             f"train.run_name={run.run_name}", "train.progress=false", f"model.threads={threads}"]
+                             f"train.run_name={run.run_name}", "train.progress=false", f"model.threads={threads}",
+                             *(["train.eval_before=false"] if arm.label in sharing else [])]
             _load(config, run.overrides, f"--arms {arm.label} with seed {seed}")
             runs.append(run)
-    return Plan(out, config, arms, seeds, sets, launcher, jobs, threads, to_dict(base), initial, runs)
+    return Plan(out, config, arms, seeds, sets, launcher, jobs, threads, to_dict(base), initial, runs, evaluations)
+
+
+def _eval_inputs(config) -> dict:
+    from orsd.train.config import to_dict
+
+    return {key: value for key, value in _flat(to_dict(config)).items() if key.startswith(EVAL_INPUTS)
+            and key != "model.threads"}
 
 
 def shared_policy(initial: Initial | None) -> list[str]:

@@ -48,6 +48,7 @@ def start(command: list[str], run_dir: Path, threads: int) -> subprocess.Popen:
     log.write(f"== orsd-study {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
     log.flush()
     env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as orsd-train's own entry sets it (train/cli.py), for every child
     if threads:  # OpenMP reads it when torch loads, before model.threads is applied
         env["OMP_NUM_THREADS"] = str(threads)
     try:
@@ -98,6 +99,44 @@ def make_initial(plan: Plan, log=print, poll_seconds: float = 2.0) -> None:
     log(f"orsd-study: initial policy ready in {time.monotonic() - began:.0f} s: {initial.policy}")
 
 
+def evaluation_command(plan: Plan, evaluation) -> list[str]:
+    """orsd-eval of the initial policy at step 0 into the evaluation's directory."""
+    from .plan import pinned_precision
+
+    return [sys.executable, "-m", "orsd.train.evaluate", evaluation.policy,
+            *(["--config", plan.config] if plan.config else []), "--step", "0", "--run-dir", str(evaluation.path),
+            *evaluation.overrides, *pinned_precision(plan)]
+
+
+def run_start_evaluations(plan: Plan, log=print, poll_seconds: float = 2.0) -> None:
+    """The start evaluation of every seed on the shared initial policy, `plan.jobs` at a time, each
+    once: a finished one (its eval.jsonl holds step 0) is kept, a killed one starts over."""
+    pending = [e for e in plan.start_evaluations if not e.finished()]
+    if not pending:
+        return
+    log(f"orsd-study: the start evaluation of the initial policy for seed(s) {' '.join(str(e.seed) for e in pending)}"
+        f" (shared by every arm that evaluates as the base config does)")
+    running: list[tuple[object, subprocess.Popen]] = []
+    try:
+        while pending or running:
+            while pending and len(running) < plan.jobs:
+                evaluation = pending.pop(0)
+                shutil.rmtree(evaluation.path, ignore_errors=True)
+                running.append((evaluation, start(evaluation_command(plan, evaluation), evaluation.path,
+                                                  run_threads(evaluation.overrides))))
+            time.sleep(poll_seconds)
+            for item in [r for r in running if r[1].poll() is not None]:
+                running.remove(item)
+                evaluation, process = item
+                if process.returncode != 0 or not evaluation.finished():
+                    raise InitialFailed(f"the start evaluation of seed {evaluation.seed} failed (exit status "
+                                        f"{process.returncode}); the end of {evaluation.path / 'train.log'}:\n"
+                                        f"{log_tail(evaluation.path / 'train.log')}")
+    except BaseException:
+        stop([process for _, process in running])
+        raise
+
+
 def launch(plan: Plan, run: Run) -> subprocess.Popen:
     what = state(run)
     if what == "restart":  # records without a checkpoint: kept aside for inspection, the run starts over
@@ -109,9 +148,11 @@ def launch(plan: Plan, run: Run) -> subprocess.Popen:
     return start(command, run.path, run_threads(overrides))
 
 
-def run_grid(plan: Plan, log=print, poll_seconds: float = 2.0, progress: bool = True) -> list[Outcome]:
+def run_grid(plan: Plan, log=print, poll_seconds: float = 2.0, progress: bool = True,
+             on_start=None) -> list[Outcome]:
     """Every run of the grid: finished ones skipped, unfinished ones resumed (or restarted), `plan.jobs`
-    at a time. A failed run is reported with the end of its log and the grid goes on."""
+    at a time. A failed run is reported with the end of its log and the grid goes on. `on_start(run)`
+    is called when a run starts from scratch (not when it resumes)."""
     from tqdm import tqdm
 
     outcomes = {id(run): Outcome(run, "finished") for run in plan.runs if state(run) == "finished"}
@@ -130,6 +171,8 @@ def run_grid(plan: Plan, log=print, poll_seconds: float = 2.0, progress: bool = 
         while pending or running:
             while pending and len(running) < plan.jobs:
                 run = pending.pop(0)
+                if on_start is not None and state(run) != "resume":
+                    on_start(run)
                 running[id(run)] = (run, launch(plan, run))
             time.sleep(poll_seconds)
             for key, (run, process) in list(running.items()):

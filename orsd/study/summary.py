@@ -1,6 +1,8 @@
-"""The study's numbers from its runs' records (config.yaml, steps.jsonl, eval.jsonl): per arm the
-learning statistic, held-out success at start and end with bootstrap intervals, each arm against
-the baseline paired by seed, and the size of the rubric's shaping against the GRPO advantage."""
+"""The study's numbers from its runs' records (config.yaml, steps.jsonl, eval.jsonl): the registered
+primary analysis (primary.py), and, secondary, per arm the learning statistic, held-out success and
+score at start and end, each arm against the baseline paired by seed, and the size of the rubric's
+shaping against the GRPO advantage. Every interval over seeds is Student t (`stats.t_interval`): a
+percentile bootstrap over 3 seeds reaches only the seeds' extremes and covers ~75 %, not 95 %."""
 
 from __future__ import annotations
 
@@ -14,10 +16,9 @@ import yaml
 from orsd.report.records import read_jsonl
 
 from . import stats
-from .grid import run_path
+from .grid import INITIAL, run_path
+from .primary import eval_at
 
-#: resample held-out success over seeds from this many seeds on; below, over episodes pooled across seeds
-MIN_SEEDS_FOR_SEED_BOOTSTRAP = 3
 #: the fallback shaping ratio, from metrics every ORSD step records (when no shaping_ratio* key exists):
 #: mean over response tokens of |α·e·Δ| = α · (fraction of tokens with e = 1) · mean |Δ| over them,
 #: against the mean |A| over response tokens (after shaping, ≈ |A_GRPO| while α·|Δ| is small)
@@ -55,7 +56,9 @@ class RunData:
 
 
 def read_runs(out: Path, labels: list[str], seeds: list[int]) -> dict[str, dict[int, RunData]]:
-    """Every run of the grid that has a directory; a run not started yet is left out (and said so)."""
+    """Every run of the grid that has a directory; a run not started yet is left out (and said so). A
+    run without its own step-0 evaluation reads its seed's shared start evaluation
+    (OUT/initial/eval/seed<S>/eval.jsonl, plan.StartEvaluation) as its step 0."""
     runs: dict[str, dict[int, RunData]] = {}
     for label in labels:
         for seed in seeds:
@@ -64,15 +67,13 @@ def read_runs(out: Path, labels: list[str], seeds: list[int]) -> dict[str, dict[
                 continue
             config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
             steps = [s for s in read_jsonl(path / "steps.jsonl") if isinstance(s.get("step"), int)]
-            runs.setdefault(label, {})[seed] = RunData(label, seed, path, config or {}, steps,
-                                                       read_jsonl(path / "eval.jsonl"))
+            evals = read_jsonl(path / "eval.jsonl")
+            if not any(e.get("step") == 0 for e in evals):
+                shared = [e for e in read_jsonl(Path(out) / INITIAL / "eval" / f"seed{seed}" / "eval.jsonl")
+                          if e.get("step") == 0]
+                evals = [{**shared[-1], "shared": True}, *evals] if shared else evals
+            runs.setdefault(label, {})[seed] = RunData(label, seed, path, config or {}, steps, evals)
     return runs
-
-
-def eval_at(run: RunData, step: int) -> dict | None:
-    """The last eval.jsonl record at `step` (a resumed run may have written one twice)."""
-    return next((e for e in reversed(run.evals)
-                 if e.get("step") == step and stats.is_number(e.get("success_rate"))), None)
 
 
 def end_step(runs: dict[str, dict[int, RunData]]) -> int | None:
@@ -85,59 +86,32 @@ def end_step(runs: dict[str, dict[int, RunData]]) -> int | None:
     return max(common) if common else None
 
 
-def heldout(by_seed: dict[int, RunData], end: int | None) -> dict:
-    """Held-out success at step 0 (train.eval_before) and at `end`, and end − start, with intervals:
-    over the per-seed success rates from 3 seeds on (the difference paired by seed), else over the
-    episodes pooled across seeds (the difference as two independent samples)."""
-    start_records = {seed: eval_at(run, 0) for seed, run in by_seed.items()}
-    end_records = {seed: eval_at(run, end) if end is not None else None for seed, run in by_seed.items()}
-    start = {s: r["success_rate"] for s, r in start_records.items() if r is not None}
-    finish = {s: r["success_rate"] for s, r in end_records.items() if r is not None}
-    both = sorted(start.keys() & finish.keys())
-    out = {"start_step": 0, "end_step": end, "per_seed": {str(s): {"start": start.get(s), "end": finish.get(s)}
-                                                         for s in sorted(by_seed)}}
-    if len(both) >= MIN_SEEDS_FOR_SEED_BOOTSTRAP:
-        out["unit"] = "seeds"
-        out["start"] = stats.bootstrap_mean(start.values(), "seeds").as_dict()
-        out["end"] = stats.bootstrap_mean(finish.values(), "seeds").as_dict()
-        out["end_minus_start"] = stats.paired_difference(finish, start).as_dict()
-        return out
-    pooled_start = [stats.episode_outcomes(r) for r in start_records.values() if r is not None]
-    pooled_end = [stats.episode_outcomes(r) for r in end_records.values() if r is not None]
-    first = np.concatenate(pooled_start) if pooled_start else np.array([])
-    last = np.concatenate(pooled_end) if pooled_end else np.array([])
-    out["unit"] = f"episodes pooled over {len(both)} seed{'s' * (len(both) != 1)}"
-    out["start"] = stats.bootstrap_mean(first, "episodes").as_dict()
-    out["end"] = stats.bootstrap_mean(last, "episodes").as_dict()
-    out["end_minus_start"] = stats.bootstrap_difference(last, first, "episodes").as_dict()
-    return out
+def heldout(by_seed: dict[int, RunData], end: int | None, key: str) -> dict:
+    """Held-out `key` (success_rate or score_mean of eval.jsonl) at step 0 and at `end` per seed, their
+    means with t intervals over seeds, and end − start paired by seed."""
+    start = {s: r[key] for s, run in by_seed.items() if (r := eval_at(run, 0)) and stats.is_number(r.get(key))}
+    finish = {s: r[key] for s, run in by_seed.items() if (r := eval_at(run, end)) and stats.is_number(r.get(key))}
+    return {"start_step": 0, "end_step": end,
+            "per_seed": {str(s): {"start": start.get(s), "end": finish.get(s)} for s in sorted(by_seed)},
+            "episodes": _episodes(by_seed, end), "start": stats.t_interval(list(start.values())).as_dict(),
+            "end": stats.t_interval(list(finish.values())).as_dict(),
+            "end_minus_start": stats.paired_t(finish, start).as_dict()}
 
 
-def heldout_score(by_seed: dict[int, RunData], end: int | None) -> dict:
-    """Held-out mean score (the env's partial credit, score_mean of eval.jsonl) at step 0 and at `end`
-    per seed, and end − start paired by seed; intervals over seeds from 3 seeds on (eval.jsonl keeps
-    no per-episode scores to resample below that)."""
-    start = {s: eval_at(run, 0) for s, run in by_seed.items()}
-    finish = {s: eval_at(run, end) if end is not None else None for s, run in by_seed.items()}
-    start = {s: r["score_mean"] for s, r in start.items() if r is not None and stats.is_number(r.get("score_mean"))}
-    finish = {s: r["score_mean"] for s, r in finish.items() if r is not None and stats.is_number(r.get("score_mean"))}
-    both = sorted(start.keys() & finish.keys())
-    out = {"per_seed": {str(s): {"start": start.get(s), "end": finish.get(s)} for s in sorted(by_seed)},
-           "seeds": len(both), "start_mean": _mean([start[s] for s in both]),
-           "end_mean": _mean([finish[s] for s in both])}
-    if len(both) >= MIN_SEEDS_FOR_SEED_BOOTSTRAP:
-        out["end_minus_start"] = stats.paired_difference({s: finish[s] for s in both},
-                                                         {s: start[s] for s in both}).as_dict()
-    return out
+def _episodes(by_seed: dict[int, RunData], end: int | None) -> int | None:
+    """Episodes per seed in the end evaluation (the most any seed has)."""
+    counts = [int(r.get("num_episodes") or 0) for run in by_seed.values() if (r := eval_at(run, end))]
+    return max(counts) if counts else None
 
 
 def learning(by_seed: dict[int, RunData], window: int) -> tuple[dict, dict[int, float]]:
-    """The statistic the study is judged on: per seed, mean training reward over the last `window`
-    steps minus the first `window`; over seeds its mean, standard error and how many SEs from 0. A run
-    still in progress is left out: its last window would hold other steps than the finished runs'."""
+    """Per seed, mean training reward over the last `window` steps minus the first `window`; over seeds
+    its mean with a t interval and how many SEs from 0. A run still in progress is left out: its last
+    window would hold other steps than the finished runs'. Secondary: which of the training tasks fall in
+    each window moves it (docs/study.md)."""
     per_seed = {seed: stats.learning_gain([v for _, v in sorted(run.series("reward_mean").items())], window)
                 for seed, run in sorted(by_seed.items()) if run.finished}
-    interval = stats.bootstrap_mean(per_seed.values(), "seeds")
+    interval = stats.t_interval(list(per_seed.values()))
     summary = {"window": window, "per_seed": {str(s): stats.finite(v) for s, v in per_seed.items()},
                **interval.as_dict(), "n_se": stats.finite(stats.n_standard_errors(interval.mean, interval.se))}
     return summary, per_seed
@@ -164,11 +138,15 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: str | None,
+def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], registration: dict,
               window: int = stats.WINDOW, arm_methods: dict[str, str] | None = None) -> dict:
-    """summary.json's "arms": per arm in `labels` order; `baseline` (a label) is what the others are
-    paired against by seed; `arm_methods`: each arm's method.name where none of its runs has started."""
+    """summary.json: "primary", the registered analysis (primary.analyse), and "arms", the secondary
+    figures per arm in `labels` order, each paired by seed against the registration's baseline;
+    `arm_methods`: each arm's method.name where none of its runs has started."""
+    from .primary import analyse
+
     end = end_step(runs)
+    baseline = registration["baseline"]
     arms, gains = {}, {}
     for label in labels:
         by_seed = runs.get(label, {})
@@ -185,8 +163,8 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
             "reward_last": _mean([run.steps[-1]["reward_mean"] for run in by_seed.values()
                                   if run.steps and stats.is_number(run.steps[-1].get("reward_mean"))]),
             "learning": learned,
-            "heldout": heldout(by_seed, end),
-            "heldout_score": heldout_score(by_seed, end),
+            "heldout": heldout(by_seed, end, "success_rate"),
+            "heldout_score": heldout(by_seed, end, "score_mean"),
             "shaping": shaping(by_seed),
         }
     if baseline is not None and baseline in arms:
@@ -200,13 +178,14 @@ def summarize(runs: dict[str, dict[int, RunData]], labels: list[str], baseline: 
                 "baseline": baseline,
                 "identical_steps": {str(seed): identical_steps(_rollouts(run.path), base_rollouts[seed])
                                     for seed, run in sorted(runs.get(label, {}).items()) if seed in base_rollouts},
-                "learning": stats.paired_difference(gains[label], gains[baseline]).as_dict(),
-                "heldout_end": stats.paired_difference(_end_value(runs.get(label, {}), end, "success_rate"),
-                                                       base_end).as_dict(),
-                "heldout_score_end": stats.paired_difference(_end_value(runs.get(label, {}), end, "score_mean"),
-                                                             base_score).as_dict(),
+                "learning": stats.paired_t(gains[label], gains[baseline]).as_dict(),
+                "heldout_end": stats.paired_t(_end_value(runs.get(label, {}), end, "success_rate"),
+                                              base_end).as_dict(),
+                "heldout_score_end": stats.paired_t(_end_value(runs.get(label, {}), end, "score_mean"),
+                                                    base_score).as_dict(),
             }
-    return {"end_step": end, "baseline": baseline, "arms": arms}
+    return {"end_step": end, "baseline": baseline, "primary": analyse(runs, labels, registration, end, window),
+            "arms": arms}
 
 
 def _rollouts(path: Path) -> dict[int, list]:

@@ -154,6 +154,10 @@ def test_dry_run_prints_states_and_commands_and_runs_nothing(tmp_path, capsys):
     assert not (out / "study.json").exists() and not (out / "orsd").exists()
 
 
+#: the registration arguments of an invocation that gives none (the defaults)
+ARGS = cli.parse_args(["--out", "x"])
+
+
 def test_a_changed_warm_start_is_refused_once_the_initial_policy_exists(tmp_path):
     from orsd.train.config import load_config, to_dict
 
@@ -162,8 +166,8 @@ def test_a_changed_warm_start_is_refused_once_the_initial_policy_exists(tmp_path
     (p.initial.policy / "config.json").write_text("{}")
     (p.initial.path / "summary.jsonl").write_text("{}\n")
     (p.initial.path / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config(None, p.initial.overrides))))
-    assert cli.study_record(p, None)["initial"]["policy"] == str(p.initial.policy)
+    assert cli.study_record(p, None, ARGS)["initial"]["policy"] == str(p.initial.policy)
     # more steps or another evaluation leave the warm start as it was
-    assert cli.study_record(plan(tmp_path, sets=["train.steps=40", "train.eval_tasks=8"]), None)["initial"]
+    assert cli.study_record(plan(tmp_path, sets=["train.steps=40", "train.eval_tasks=8"]), None, ARGS)["initial"]
     with pytest.raises(StudyError, match=r"made with other values of warm_start\.epochs, and every run"):
-        cli.study_record(plan(tmp_path, sets=["warm_start.epochs=3"]), None)
+        cli.study_record(plan(tmp_path, sets=["warm_start.epochs=3"]), None, ARGS)

@@ -53,7 +53,21 @@ def test_study_end_to_end_then_resume_skips(tmp_path):
     for label, arm in summary["arms"].items():
         assert arm["method"] == label and arm["seeds"] == [0, 1]
         assert arm["steps_recorded"] == {"0": 1, "1": 1}
-        assert arm["heldout"]["start"]["n"] == 4 and arm["heldout"]["end"]["n"] == 4  # 2 tasks × 1 sample × 2 seeds
+        assert arm["heldout"]["start"]["n"] == 2 and arm["heldout"]["end"]["n"] == 2  # over the 2 seeds
+        assert arm["heldout"]["episodes"] == 2  # 2 tasks × 1 sample
+    # registered before the first run; each run's origin; the start evaluation once per seed, shared
+    assert record["registration"]["post_hoc"] is False and record["registration"]["baseline"] == "grpo"
+    assert [p["sha256"] for p in record["initial_policies"]] == [record["initial"]["sha256"]]
+    assert {name: o["initial_sha256"] for name, o in record["runs"].items()} == \
+        {f"{a}/seed{s}": record["initial"]["sha256"] for a in ("grpo", "orsd") for s in (0, 1)}
+    for s in (0, 1):
+        start = [json.loads(line) for line in (out / "initial" / "eval" / f"seed{s}" / "eval.jsonl").read_text()
+                 .splitlines()]
+        assert [e["step"] for e in start] == [0] and len(start[0]["episodes"]) == 2
+        for a in ("grpo", "orsd"):
+            own = [json.loads(line)["step"] for line in (out / a / f"seed{s}" / "eval.jsonl").read_text().splitlines()]
+            assert own == [1]  # no step-0 evaluation of its own
+            assert summary["arms"][a]["heldout_score"]["per_seed"][str(s)]["start"] == start[0]["score_mean"]
     assert summary["runs"] == {f"{a}/seed{s}": "done" for a in ("grpo", "orsd") for s in (0, 1)}
     for a in ("grpo", "orsd"):
         for s in (0, 1):
@@ -65,7 +79,8 @@ def test_study_end_to_end_then_resume_skips(tmp_path):
     assert responses(out / "grpo" / "seed1") == responses(out / "orsd" / "seed1")
     assert responses(out / "grpo" / "seed0") != responses(out / "grpo" / "seed1")
     text = (out / "study.md").read_text()
-    assert "| grpo | grpo | 2 |" in text and "| orsd | orsd | 2 |" in text and "## Against grpo" in text
+    assert "| grpo | grpo | 2 |" in text and "| orsd | orsd | 2 |" in text and "## Secondary (exploratory): against grpo" in text
+    assert "## Primary endpoint: heldout_score" in text and "registered in study.json on" in text
     logs = {p: p.read_text() for p in out.glob("*/seed*/train.log")}
     assert len(logs) == 4 and all(log.count("== orsd-study") == 1 for log in logs.values())
 
@@ -74,6 +89,7 @@ def test_study_end_to_end_then_resume_skips(tmp_path):
     assert "4 of 4 runs already finished (skipped)" in again.stdout + again.stderr
     assert "initial policy" not in again.stdout  # not made again
     assert {p: p.read_text() for p in out.glob("*/seed*/train.log")} == logs  # no run started
+    assert all(len(p.read_text().splitlines()) == 1 for p in out.glob("initial/eval/seed*/eval.jsonl"))
     assert directory_sha256(policy) == record["initial"]["sha256"]
 
 
@@ -86,7 +102,50 @@ def test_a_saved_warm_start_keeps_bundle_drafting(tmp_path):
     on = load_config(None, ["warm_start.enabled=true", "warm_start.bundle_demos=12", "rubric.draft_tokens=8"])
     off = load_config(None, ["warm_start.enabled=false", "rubric.draft_tokens=8", f"model.path={policy}"])
     assert draft_corpus(off, tokenizer) == []  # no record: nothing says the policy saw the pool
-    (policy / "warm_start.json").write_text(json.dumps({"env": "webshop", "bundle_demos": 12}))
+    (policy / "warm_start.json").write_text(json.dumps({"env": "webshop", "bundle_demos": 12,
+                                                        "bundle_demos_kind": "content"}))
     assert draft_corpus(off, tokenizer) == draft_corpus(on, tokenizer) != []
     (policy / "warm_start.json").write_text(json.dumps({"env": "alfworld", "bundle_demos": 12}))
     assert draft_corpus(off, tokenizer) == []  # another env's pool
+
+
+def records(run: Path) -> tuple[list, list, list]:
+    """A run's records without timings and verifier accounting (cache hits differ after a resume, by
+    design): steps.jsonl, groups.jsonl and eval.jsonl."""
+    def read(name):
+        return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+    steps = [{k: v for k, v in s.items() if k not in ("seconds", "verifier")} for s in read("steps.jsonl")]
+    groups = [{k: v for k, v in g.items() if k != "verifier_events"} for g in read("groups.jsonl")]
+    return steps, groups, [{k: v for k, v in e.items() if k != "seconds"} for e in read("eval.jsonl")]
+
+
+@pytest.mark.slow
+def test_a_study_killed_in_the_middle_of_its_runs_then_run_again_equals_an_unbroken_one(tmp_path):
+    """Every run is SIGKILLed in its second step's update, after its step-1 checkpoint (the trainer's
+    test hook, inherited through the study's environment): the study reports them failed; the same
+    command again resumes them, and their finished records equal those of a study never interrupted."""
+    import os
+
+    sets = ["train.steps=2", "train.save_every=1", "train.eval_every=2"]
+    argv = ["--arms", "grpo", "orsd", "--seeds", "0", "--jobs", "1", "--no-progress", "--set", *SMOKE, *sets]
+
+    def study_of(out: Path, kill: bool = False) -> subprocess.CompletedProcess:
+        env = {**os.environ, **({"ORSD_TEST_KILL_AT": "update:2"} if kill else {})}
+        return subprocess.run([sys.executable, "-m", "orsd.study.cli", *argv, "--out", str(out)], capture_output=True,
+                              text=True, cwd=ROOT, timeout=900, env=env)
+
+    unbroken = study_of(tmp_path / "unbroken")
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    out = tmp_path / "broken"
+    first = study_of(out, kill=True)
+    assert first.returncode == 1 and "2 run(s) failed: grpo/seed0, orsd/seed0" in first.stderr, first.stderr[-3000:]
+    for arm in ("grpo", "orsd"):
+        assert [json.loads(line)["step"] for line in (out / arm / "seed0" / "steps.jsonl").read_text().splitlines()] \
+            == [1]
+    again = study_of(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for arm in ("grpo", "orsd"):
+        assert records(out / arm / "seed0") == records(tmp_path / "unbroken" / arm / "seed0"), arm
+    assert json.loads((out / "summary.json").read_text())["primary"]["arms"] == \
+        json.loads((tmp_path / "unbroken" / "summary.json").read_text())["primary"]["arms"]

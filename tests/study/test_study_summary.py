@@ -11,7 +11,23 @@ from orsd.report.run_dir import RunDir
 from orsd.study import cli
 from orsd.study.figures import study_figure
 from orsd.study.outputs import write_outputs
+from orsd.study.registration import post_hoc
 from orsd.study.summary import read_runs, summarize
+
+
+def t_bounds(values):
+    """The Student-t 95 % interval of the mean, from the t quantile (scipy.stats.t.ppf)."""
+    from scipy.stats import t
+
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def registered(labels, baseline="grpo"):
+    return post_hoc(list(labels), baseline)
 
 #: reward = slope × step over 10 steps, so the learning statistic is slope × (8 − 3) = 5 × slope
 SLOPES = {"grpo": [0.0, 0.0, 0.0], "orsd": [0.1, 0.2, 0.3], "alpha0.1": [0.02, 0.04, 0.06]}
@@ -48,7 +64,7 @@ def make_study(out, labels=tuple(SLOPES), seeds=(0, 1, 2), steps=10, shaping_key
 def test_summary_numbers(tmp_path):
     make_study(tmp_path)
     runs = read_runs(tmp_path, list(SLOPES), [0, 1, 2])
-    summary = summarize(runs, list(SLOPES), "grpo")
+    summary = summarize(runs, list(SLOPES), registered(SLOPES))
     assert summary["end_step"] == 10 and summary["baseline"] == "grpo"
     orsd = summary["arms"]["orsd"]
     learning = orsd["learning"]
@@ -56,11 +72,13 @@ def test_summary_numbers(tmp_path):
     assert learning["mean"] == pytest.approx(1.0)
     assert learning["se"] == pytest.approx(0.5 / math.sqrt(3))  # sd of [0.5, 1, 1.5] is 0.5
     assert learning["n_se"] == pytest.approx(2 * math.sqrt(3))
-    assert (learning["low"], learning["high"]) == pytest.approx((0.5, 1.5))  # 3 seeds: the extremes
-    # held-out: 3 seeds, so resampled over seeds; end − start is 0.5 on every seed
+    # 3 seeds: a t interval, far wider than the seeds' extremes a percentile bootstrap would reach
+    assert (learning["low"], learning["high"]) == pytest.approx(t_bounds([0.5, 1.0, 1.5]))
+    assert learning["low"] < 0.0 and learning["method"] == "student-t"
+    # held-out: over seeds; end − start is 0.5 on every seed, so its interval has no width
     held = orsd["heldout"]
-    assert held["unit"] == "seeds"
-    assert (held["start"]["mean"], held["start"]["low"], held["start"]["high"]) == pytest.approx((0.25, 0.0, 0.5))
+    assert (held["start"]["low"], held["start"]["high"]) == pytest.approx(t_bounds([0.0, 0.25, 0.5]))
+    assert held["start"]["mean"] == pytest.approx(0.25) and held["episodes"] == 4
     assert held["end_minus_start"]["mean"] == pytest.approx(0.5)
     assert (held["end_minus_start"]["low"], held["end_minus_start"]["high"]) == pytest.approx((0.5, 0.5))
     # against GRPO, paired by seed: GRPO's gains are all 0, so the differences are ORSD's own gains
@@ -79,17 +97,20 @@ def test_summary_numbers(tmp_path):
 
 def test_recorded_shaping_ratios_are_averaged(tmp_path):
     make_study(tmp_path, labels=("orsd",), shaping_keys=True)
-    summary = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], None)
+    summary = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], registered(["orsd"], "orsd"))
     assert summary["arms"]["orsd"]["shaping"] == {"source": "steps.jsonl",
                                                   "shaping_ratio_mean": pytest.approx(0.0055)}  # mean of 1..10 / 1000
 
 
-def test_two_seeds_pool_episodes(tmp_path):
+def test_two_seeds_give_a_t_interval_as_wide_as_two_values_allow(tmp_path):
+    """Resampling the episodes pooled over 2 seeds showed only the evaluation's sampling noise; the
+    unit that carries run-to-run variance is the seed, and with 2 of them the t interval is wide."""
     make_study(tmp_path, labels=("orsd",), seeds=(0, 1))
-    held = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"], None)["arms"]["orsd"]["heldout"]
-    assert held["unit"] == "episodes pooled over 2 seeds"
-    assert held["start"]["n"] == 8 and held["start"]["mean"] == pytest.approx(1 / 8)  # 0 + 1 of 4 episodes each
-    assert held["end"]["mean"] == pytest.approx(5 / 8)  # 2 + 3 of 4
+    held = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"],
+                     registered(["orsd"], "orsd"))["arms"]["orsd"]["heldout"]
+    assert held["start"]["n"] == 2 and held["start"]["mean"] == pytest.approx(1 / 8)  # seeds at 0 and 0.25
+    assert (held["start"]["low"], held["start"]["high"]) == pytest.approx(t_bounds([0.0, 0.25]))
+    assert held["end"]["mean"] == pytest.approx(5 / 8)  # 0.5 and 0.75
 
 
 def test_outputs_name_every_arm(tmp_path):
@@ -106,7 +127,12 @@ def test_outputs_name_every_arm(tmp_path):
     for label in SLOPES:
         assert text.count(f"| {label} |") >= 4, label  # learning, held-out, shaping, Table 1 (and vs GRPO)
     # against GRPO, paired by seed: learning, held-out success and score at the end, seeds
-    assert "| orsd | 1.000 [0.500, 1.500] | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] | 3 |" in text
+    low, high = t_bounds([0.5, 1.0, 1.5])
+    assert f"| orsd | +1.000 [{low:+.3f}, {high:+.3f}] | +0.500 [+0.500, +0.500] | +0.500 [+0.500, +0.500] | 3 |" \
+        in text
+    # the primary analysis comes first, post hoc here (this study.json holds no registration)
+    assert text.index("## Primary endpoint: heldout_score") < text.index("## Secondary (exploratory)")
+    assert "chosen after the runs (post hoc" in text
     page = (tmp_path / "study.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and all(f">{label}<" in page for label in SLOPES)
 
@@ -142,14 +168,16 @@ def test_heldout_score_is_paired_by_seed_from_three_seeds(tmp_path):
     """score_mean of eval.jsonl (make_study writes the success rate there too): per seed start → end,
     means over seeds, and end − start paired by seed only from 3 seeds."""
     make_study(tmp_path, labels=("orsd",))
-    score = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], None)["arms"]["orsd"]["heldout_score"]
+    own = registered(["orsd"], "orsd")
+    score = summarize(read_runs(tmp_path, ["orsd"], [0, 1, 2]), ["orsd"], own)["arms"]["orsd"]["heldout_score"]
     start, end = HELDOUT["orsd"]
     assert score["per_seed"] == {str(s): {"start": start[s], "end": end[s]} for s in range(3)}
-    assert score["start_mean"] == pytest.approx(sum(start) / 3) and score["end_mean"] == pytest.approx(sum(end) / 3)
+    assert score["start"]["mean"] == pytest.approx(sum(start) / 3)
+    assert score["end"]["mean"] == pytest.approx(sum(end) / 3)
     assert score["end_minus_start"]["n"] == 3
     assert score["end_minus_start"]["mean"] == pytest.approx((sum(end) - sum(start)) / 3)
-    two = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"], None)["arms"]["orsd"]["heldout_score"]
-    assert two["seeds"] == 2 and "end_minus_start" not in two  # no interval from 2 values
+    two = summarize(read_runs(tmp_path, ["orsd"], [0, 1]), ["orsd"], own)["arms"]["orsd"]["heldout_score"]
+    assert two["end_minus_start"]["n"] == 2
 
 
 def test_an_arm_without_runs_is_named_by_its_method(tmp_path):
@@ -187,10 +215,10 @@ def test_identical_steps_count_the_rollouts_shared_with_the_baseline(tmp_path):
     stale = json.loads(lines[2])
     stale["rewards"] = [9.0, 9.0]
     first.write_text("\n".join([*lines[:2], json.dumps(stale), *lines[2:]]) + "\n")  # stale, then the rerun
-    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], "grpo")
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], registered(["grpo", "orsd"]))
     assert summary["arms"]["orsd"]["vs_baseline"]["identical_steps"] == {"0": 2, "1": 0}
     (tmp_path / "orsd" / "seed1" / "groups.jsonl").unlink()  # a run that has sampled nothing yet
-    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], "grpo")
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1]), ["grpo", "orsd"], registered(["grpo", "orsd"]))
     assert summary["arms"]["orsd"]["vs_baseline"]["identical_steps"] == {"0": 2, "1": None}
     write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"], "seeds": [0, 1]})
     assert "| 0: 2, 1: – |" in (tmp_path / "study.md").read_text()
@@ -202,11 +230,11 @@ def test_a_run_in_progress_does_not_hide_the_finished_runs_end(tmp_path):
     run = RunDir(tmp_path / "orsd" / "seed2")
     (run.path / "eval.jsonl").write_text(json.dumps({"step": 0, "success_rate": 0.5, "score_mean": 0.5,
                                                       "num_episodes": 4}) + "\n")
-    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], "grpo")
+    summary = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], registered(["grpo", "orsd"]))
     assert summary["end_step"] == 10
     held = summary["arms"]["orsd"]["heldout"]
     assert held["per_seed"]["2"] == {"start": 0.5, "end": None}
-    assert held["unit"] == "episodes pooled over 2 seeds" and held["end"]["mean"] == pytest.approx((2 + 3) / 8)
+    assert held["end"]["n"] == 2 and held["end"]["mean"] == pytest.approx((0.5 + 0.75) / 2)
 
 
 def test_a_run_in_progress_is_left_out_of_the_learning_statistic(tmp_path):
@@ -219,7 +247,7 @@ def test_a_run_in_progress_is_left_out_of_the_learning_statistic(tmp_path):
         (path / "config.yaml").write_text(yaml.safe_dump({**config, "train": {"steps": 10}}))
     steps = tmp_path / "orsd" / "seed2" / "steps.jsonl"
     steps.write_text("".join(steps.read_text().splitlines(keepends=True)[:6]))
-    orsd = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], "grpo")["arms"]["orsd"]
+    orsd = summarize(read_runs(tmp_path, ["grpo", "orsd"], [0, 1, 2]), ["grpo", "orsd"], registered(["grpo", "orsd"]))["arms"]["orsd"]
     assert orsd["learning"]["per_seed"] == pytest.approx({"0": 0.5, "1": 1.0}) and orsd["learning"]["n"] == 2
     assert orsd["vs_baseline"]["learning"]["n"] == 2
     write_outputs({**json.loads((tmp_path / "study.json").read_text()), "arms": ["grpo", "orsd"]})
