@@ -73,6 +73,7 @@ def study(args) -> int:
         if recorded is None:
             raise StudyError(f"--report-only: {out / 'study.json'} does not exist (expected the OUT of an earlier "
                              f"orsd-study run)")
+        recorded["out"] = str(out)  # where the runs are now (a study's records may have moved since)
         if args.arms:
             recorded["arms"] = [arm.label for arm in parse_arms(args.arms)]
         if args.seeds:
