@@ -6,6 +6,8 @@ Eq. 7: m* = argmax over finite ρ_m, the lowest index winning ties (within a rel
 finite ρ → no bundle.
 ρ is NaN when fewer than 2 (s_i, r_i) pairs are finite or either side has fewer than two distinct
 values — decided before scipy is called, so no ConstantInputWarning ever escapes.
+`apply_min_rho` (beyond the paper, issue 67): a Spearman B* whose ρ ≤ a threshold is set aside, so
+its group gets no rubric.
 """
 
 from __future__ import annotations
@@ -30,16 +32,23 @@ class Alignment:
     satisfaction: list[np.ndarray] = field(default_factory=list)  # per bundle, s [N] (Eq. 5)
     reason: str = ""
     method: str = "spearman"
+    #: B* when `apply_min_rho` set it aside (its ρ ≤ the threshold; index is then None), else None
+    set_aside: int | None = None
 
     @property
     def selected(self) -> bool:
         return self.index is not None
 
+    @property
+    def best(self) -> int | None:
+        """The bundle the selector chose, whether it was kept (index) or set aside."""
+        return self.index if self.index is not None else self.set_aside
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (NaN becomes None) for groups.jsonl."""
         return {"rho": [None if math.isnan(x) else x for x in self.rho], "index": self.index,
                 "satisfaction": [[None if math.isnan(x) else float(x) for x in s] for s in self.satisfaction],
-                "reason": self.reason, "method": self.method}
+                "reason": self.reason, "method": self.method, "set_aside": self.set_aside}
 
 
 def satisfaction(scores: np.ndarray) -> np.ndarray:
@@ -127,6 +136,20 @@ def select(method: str, scores: Sequence[np.ndarray] | None, rewards: np.ndarray
             raise ValueError(f"method='single' uses exactly one bundle (num_bundles={num_bundles!r})")
         return select_single(rewards, scores)
     raise ValueError(f"method={method!r}: expected one of {METHODS}")
+
+
+def apply_min_rho(alignment: Alignment, min_rho: float | None) -> Alignment:
+    """`alignment` with its B* set aside when B*'s ρ ≤ `min_rho` (rubric.min_rho; None: unchanged,
+    the paper's rule). Only Spearman selection is thresholded: the random and single ablations
+    choose without ρ, and what they choose stays theirs."""
+    if min_rho is None or alignment.method != "spearman" or alignment.index is None:
+        return alignment
+    rho = alignment.rho[alignment.index]
+    if not rho <= min_rho:
+        return alignment
+    return Alignment(rho=alignment.rho, index=None, satisfaction=alignment.satisfaction,
+                     reason=f"min_rho: B* (bundle {alignment.index}) has rho {rho:.3f} <= {min_rho:g}; e = 0",
+                     method=alignment.method, set_aside=alignment.index)
 
 
 #: ρ values this close (relative) count as a tie: Spearman's float arithmetic differs by an ulp

@@ -56,13 +56,19 @@ def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num
 
 def draft_corpus(config, tokenizer) -> list[list[int]]:
     """What speculative bundle decoding may copy drafts from besides the prompt and the other
-    bundles: the criteria pool, numbered as the warm start's bundle demos show it, when the
-    policy was shown them, by this run's warm start or by the one that saved it (the policy then
-    writes its lines nearly word for word)."""
-    from .warmstart import bundle_demos_shown, criteria_pool
+    bundles, when the policy was shown bundle demonstrations, by this run's warm start or by the
+    one that saved it: what those demonstrations repeat. Pool demonstrations: the criteria pool,
+    numbered as they show it (the policy then writes its lines nearly word for word). Content
+    demonstrations: the fixed words of their criterion templates (bundle_demos.template_corpus); the
+    words they fill in are the task's and the transcripts', which the prompt already holds."""
+    from .bundle_demos import criteria_pool, template_corpus
+    from .warmstart import bundle_demos_kind_shown
 
-    if not (config.rubric.draft_tokens and bundle_demos_shown(config)):
+    kind = bundle_demos_kind_shown(config) if config.rubric.draft_tokens else ""
+    if not kind:
         return []
+    if kind == "content":
+        return [tokenizer.encode(piece, add_special_tokens=False) for piece in template_corpus()]
     text = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(criteria_pool(config.env.name), 1))
     return [tokenizer.encode(text, add_special_tokens=False)]
 
@@ -86,8 +92,13 @@ def verify(verifier, groups: Sequence[Group], candidates: Sequence[Candidates],
 
 
 def select(groups: Sequence[Group], candidates: Sequence[Candidates], scores: Sequence, method: str,
-           rng: np.random.Generator) -> list[rubric.Alignment]:
-    """B* per group: Spearman argmax (Eq. 5–7), or the ablations' random / single choice."""
+           rng: np.random.Generator, min_rho: float | None = None) -> list[rubric.Alignment]:
+    """B* per group: Spearman argmax (Eq. 5–7), or the ablations' random / single choice.
+    `min_rho` (rubric.min_rho; None or -1: off, the paper's rule): a Spearman B* whose ρ ≤ it is set
+    aside (Alignment.set_aside), so its group gets no rubric: Δ masked, e = 0."""
+    from orsd.rubric.align import apply_min_rho
+
+    threshold = None if min_rho is None or min_rho <= -1 else min_rho
     out = []
     for group, cands, results in zip(groups, candidates, scores):
         if not cands.bundles:
@@ -95,8 +106,8 @@ def select(groups: Sequence[Group], candidates: Sequence[Candidates], scores: Se
                                         method=method))
             continue
         matrices = [r.scores for r in results] if results is not None else None
-        out.append(rubric.select(method, matrices, np.asarray(group.rewards, dtype=float), rng=rng,
-                                 num_bundles=len(cands.bundles)))
+        out.append(apply_min_rho(rubric.select(method, matrices, np.asarray(group.rewards, dtype=float), rng=rng,
+                                               num_bundles=len(cands.bundles)), threshold))
     return out
 
 

@@ -65,7 +65,8 @@ def step_metrics(groups: list[Group], out: StepOutputs, step: int, alpha: float,
     response, valid = replay.packed.response_mask, replay.valid
     delta = replay.delta[valid]
     selected = [s for s in out.selection if s is not None and s.index is not None]
-    chosen_rho = [s.rho[s.index] for s in selected if s.rho]
+    # B*'s ρ whether rubric.min_rho kept it or set it aside (the selector's choice, as before min_rho)
+    chosen_rho = [s.rho[s.best] for s in out.selection if s is not None and s.best is not None and s.rho]
     metrics = {
         **tagged("same", step=step),
         **tagged("mean",
@@ -81,6 +82,8 @@ def step_metrics(groups: list[Group], out: StepOutputs, step: int, alpha: float,
                  env_errors=sum(bool(t.error) for t in trajectories),
                  bundles_parsed=sum(len(c.bundles) for c in out.candidates),
                  bundles_discarded=sum(len(c.errors) for c in out.candidates),
+                 rho_selected_nonpositive=int(sum(rho <= 0 for rho in chosen_rho)),  # groups whose B* has ρ <= 0
+                 groups_below_min_rho=int(sum(s is not None and s.set_aside is not None for s in out.selection)),
                  response_tokens=int(response.sum())),
         **tagged("tokens",
                  advantage_abs_mean=float(replay.advantages[response].abs().mean()) if response.any() else 0.0,

@@ -111,7 +111,8 @@ class Trainer:
             scores = (bundles.verify(self.verifier, groups, candidates, cfg.rubric.transcript_chars)
                       if method.calls_verifier else [None] * len(groups))
         with stage("align"):  # Eq. 5–7: B* by Spearman ρ (or an ablation's choice)
-            selection = (bundles.select(groups, candidates, scores, method.selection, self.selection_rng())
+            selection = (bundles.select(groups, candidates, scores, method.selection, self.selection_rng(),
+                                        cfg.rubric.min_rho)
                          if method.writes_bundles else [None] * len(groups))
         with stage("replay"):  # Eq. 8–9: Δ = lp_with − lp_without (or − lp_control), A = A_GRPO + α·e·Δ
             rubrics = [method.rubric_for(g, c, s) for g, c, s in zip(groups, candidates, selection)]

@@ -6,7 +6,8 @@ played in the same chat format the policy sees during rollouts; with `noise` > 0
 is sometimes executed instead of the expert's (the label stays the expert's), so the demos also
 cover states off the expert's path (DAgger-style). A model fitted on actions alone answers every
 prompt with an action, the bundle prompt included, so a few bundle-format demonstrations
-(`collect_bundle_demos`) keep it writing numbered criteria.
+(`collect_bundle_demos`) keep it writing numbered criteria: by default criteria written from each
+demonstration group's own task and episodes (bundle_demos.py), or drawn from a fixed pool.
 Over 400 lines because the demonstrations, the fit, its child process and the record it leaves
 for later runs are one procedure whose parts share the same settings.
 """
@@ -27,16 +28,16 @@ from pathlib import Path
 
 import torch
 
-from orsd import rubric
 from orsd.engines import frozen, prefill
 from orsd.methods import make_method
 from orsd.envs.prompts import demonstration_answer
 
+from .bundle_demos import criteria_pool
 from .forward import train_logprobs
 from .model import autocast, freeze_below, trim_heap
 from .packing import batch_positions, budget_batches, pack
 from .records import Trajectory
-from .rollout import build_context, render
+from .rollout import build_context
 
 
 @dataclass
@@ -59,36 +60,29 @@ def collect_demos(env, tokenizer, episodes: int, max_context_tokens: int, rng: r
     return demos
 
 
-def criteria_pool(env_name: str) -> list[str]:
-    """The criteria bundle demonstrations are drawn from (orsd/train/criteria_pool.yaml)."""
-    from importlib import resources
-
-    import yaml
-
-    return yaml.safe_load(resources.files("orsd.train").joinpath("criteria_pool.yaml").read_text())[env_name]
-
-
 def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript_chars: int,
-                         rng: random.Random, template=None, max_actions: int = 0) -> list[Demo]:
-    """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts
-    of episodes with more or less noise) answered by 5–8 criteria from criteria_pool.yaml, kept in
-    the pool's order."""
-    pool = criteria_pool(env.name)
-    demos = []
-    for _ in range(count):
-        task = env.sample_task(rng)
-        runs = [play(env, task, rng, noise, max_actions)[0] for noise in
-                [i / max(group_size - 1, 1) for i in range(group_size)]]
-        transcripts = [rubric.format_transcript(t.observations, t.actions, max_chars=transcript_chars) for t in runs]
-        prompt = render(tokenizer, rubric.generation_messages(task.description, transcripts, template=template))
-        # A random subset kept in pool order: every demonstrated transition moves forward through
-        # the pool, so a small model learns to write distinct criteria and then stop; with shuffled
-        # order SmolLM2 learned "any criterion may follow any other" and repeated one line 9 times.
-        size = rng.randint(rubric.MIN_CRITERIA, min(rubric.MAX_CRITERIA, len(pool)))
-        chosen = [pool[i] for i in sorted(rng.sample(range(len(pool)), size))]
-        answer = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(chosen, 1))
-        demos.append(Demo(prompt, answer_ids(tokenizer, answer)))
-    return demos
+                         rng: random.Random, template=None, max_actions: int = 0, kind: str = "content",
+                         log=None) -> list[Demo]:
+    """Bundle-format demonstrations: the real generation prompt (task + `group_size` transcripts,
+    never a reward) answered by 5–8 criteria. `kind` (warm_start.bundle_demos_kind): content (the
+    criteria the group's better episodes satisfy and its worse ones do not, in this task's words:
+    orsd/train/bundle_demos.py) where the env has a writer for them, else pool (criteria drawn from
+    criteria_pool.yaml whatever the task). `log` hears when content falls back to the pool."""
+    from . import bundle_demos
+
+    if kind not in ("content", "pool"):
+        raise ValueError(f"kind={kind!r}: expected 'content' or 'pool' (warm_start.bundle_demos_kind)")
+    if kind == "content" and bundle_demos.writes_content(env):
+        made = bundle_demos.content_demos(env, tokenizer, count, group_size, transcript_chars, rng, template,
+                                          max_actions, log)
+    else:
+        if kind == "content" and log is not None and count:
+            log(f"bundle demonstrations: no content-bearing ones for env {env.name!r} "
+                f"({type(env).__name__}); its {count} bundle demonstrations draw from the criteria pool")
+        pool = criteria_pool(env.name)
+        made = [bundle_demos.pool_demo(env, tokenizer, pool, group_size, transcript_chars, rng, template, max_actions)
+                for _ in range(count)]
+    return [Demo(d.prompt_ids, answer_ids(tokenizer, d.answer)) for d in made]
 
 
 def play(env, task, rng: random.Random, noise: float, max_actions: int, context_of=None):
@@ -357,8 +351,9 @@ def write_record(config, out_dir, writes_bundles: bool) -> None:
 
     w = config.warm_start
     shown = w.bundle_demos if writes_bundles else 0  # as run_warm_start adds them
-    record = {"env": config.env.name, "bundle_demos": shown, "episodes": w.episodes, "epochs": w.epochs,
-              "seed": config.train.seed}
+    record = {"env": config.env.name, "bundle_demos": shown,
+              "bundle_demos_kind": bundle_demos_kind(config) if shown else "",
+              "episodes": w.episodes, "epochs": w.epochs, "seed": config.train.seed}
     (Path(out_dir) / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -376,6 +371,32 @@ def bundle_demos_shown(config) -> int:
     except (OSError, ValueError):  # a model id, random:..., or a policy no warm start saved
         return 0
     return int(record.get("bundle_demos") or 0) if record.get("env") == config.env.name else 0
+
+
+def bundle_demos_kind(config) -> str:
+    """What this run's warm start's bundle demonstrations are: warm_start.bundle_demos_kind, but pool
+    where the env has no writer of content-bearing ones (bundle_demos.writes_content)."""
+    from orsd.envs import env_class
+
+    from .bundle_demos import writes_content
+
+    kind = config.warm_start.bundle_demos_kind
+    backend = config.env.options.get("backend", "generated") if config.env.name == "webshop" else "generated"
+    return kind if kind == "pool" or writes_content(env_class(config.env.name, backend)) else "pool"
+
+
+def bundle_demos_kind_shown(config) -> str:
+    """The kind of the bundle demonstrations the policy at model.path was fitted on (as
+    bundle_demos_shown finds them): this run's, or the one its record names; "pool" for a record
+    written before content-bearing demonstrations existed; "" when it saw none."""
+    import json
+
+    if not bundle_demos_shown(config):
+        return ""
+    if config.warm_start.enabled:
+        return bundle_demos_kind(config)
+    record = json.loads((Path(config.model.path) / RECORD).read_text())  # bundle_demos_shown read it
+    return record.get("bundle_demos_kind") or "pool"
 
 
 def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | None = None,
@@ -398,7 +419,8 @@ def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | N
         writes_bundles = make_method(config).writes_bundles
     if writes_bundles and w.bundle_demos:
         demos += collect_bundle_demos(env, tokenizer, w.bundle_demos, r.group_size, config.rubric.transcript_chars,
-                                      rng, config.rubric.generation_template or None, config.env.max_actions)
+                                      rng, config.rubric.generation_template or None, config.env.max_actions,
+                                      w.bundle_demos_kind, log)
     steps = w.epochs * -(-len(demos) // w.batch_size)
     show = config.train.progress and os.environ.get("RANK", "0") == "0"  # rank 0 only under a launcher
     with tqdm(total=steps, desc="warm start", unit="step", disable=not show or not demos) as bar:

@@ -185,6 +185,11 @@ class RubricConfig:
                               "| rejected (the group's lowest-rho other candidate) | shuffled (other groups' "
                               "criteria); e = 0 where there is no control. Methods that write bundles (orsd, its "
                               "ablations, static_rubric); the OPSD family is unaffected", choices=delta_baselines)
+    # issue 67, beyond the paper: a B* anti-aligned with the rewards shapes nothing
+    min_rho: float = doc(-1.0, "a B* whose Spearman rho with the rewards is <= min_rho shapes nothing for its group "
+                         "(delta masked, e = 0; counted in steps.jsonl as groups_below_min_rho); -1 = off, the "
+                         "paper's rule (B* shapes whatever its rho). Spearman selection only (orsd and the methods "
+                         "that select like it), not the random/single ablations or static_rubric", ge=-1, le=1)
     delta_mask: str = doc("none", "response tokens that get e = 0: none (the paper) | format (the answer format's "
                           "<think>, </think>, <action>, </action> tags, which every reply writes)",
                           choices=("none", "format"))
@@ -292,8 +297,14 @@ class WarmStartConfig:
                                "context's keys/values; the default's fit 2x faster in fp32: "
                                "docs/training.md); needs full attention and no gradient checkpointing")
     noise: float = doc(0.0, "probability of a random action in demo episodes (diverse states)", ge=0, le=1)
-    bundle_demos: int = doc(0, "bundle-format demonstrations (criteria from orsd/train/criteria_pool.yaml) "
-                            "mixed in, so a small policy keeps writing numbered bundles", ge=0)
+    bundle_demos: int = doc(0, "bundle-format demonstrations mixed in, so a small policy keeps writing numbered "
+                            "bundles (what they say: bundle_demos_kind)", ge=0)
+    bundle_demos_kind: str = doc("content", "what a bundle demonstration answers: content (5-8 criteria written "
+                                 "from its own group, one task played by the expert and by deviations from it: what "
+                                 "the task asks and what the better episodes did and the worse did not; the generated "
+                                 "shop only, other envs fall back to pool; orsd/train/bundle_demos.py) | pool (5-8 "
+                                 "criteria drawn from orsd/train/criteria_pool.yaml whatever the task)",
+                                 choices=("content", "pool"))
     process: str = doc("auto", "where the fit runs: child (a new Python process fits and saves the policy, which "
                        "this one then loads, so RL starts in a process that never ran the fit; on the 2-core "
                        "CPU the default run's steps took 20-57% longer after an in-process fit, "
