@@ -184,3 +184,24 @@ def test_a_resumed_run_keeps_the_precision_its_first_process_chose(tmp_path):
     assert recorded_precision(tmp_path, "auto").reason == kept.reason  # said once, however often it resumes
     assert recorded_precision(tmp_path, "") is None  # the config now asks otherwise: its own choice
     assert recorded_precision(tmp_path / "none", "auto") is None
+
+
+def test_a_loaded_policy_owns_storage_on_the_allocators_boundary(tmp_path):
+    """Weights read from safetensors are views into the file's buffer at offsets that depend on what
+    the process allocated before (a resumed run loads into another history than an unbroken one);
+    kernels whose sums depend on alignment then round otherwise (issue 66, resume on a Xeon). Every
+    tensor of a loaded policy must start on the CPU allocator's 64-byte boundary, in its own storage."""
+    import torch
+
+    from orsd.train.model import ALIGNMENT, load_policy
+    from tiny_model import make_tiny_qwen3, make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    make_tiny_qwen3(tokenizer, layers=3).save_pretrained(tmp_path / "policy")
+    padding = [torch.empty(n) for n in (3, 5, 7)]  # another allocation history before the load
+    model = load_policy(str(tmp_path / "policy"), "float32", "cpu")
+    tensors = [*model.parameters(), *model.buffers()]
+    assert len(tensors) > 10
+    assert [t.data_ptr() % ALIGNMENT for t in tensors] == [0] * len(tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)  # no shared file buffer
+    del padding
