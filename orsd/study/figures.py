@@ -18,7 +18,7 @@ from . import stats
 from .summary import RunData
 
 #: (steps.jsonl key, panel title, drawn on 0..1)
-PANELS = (("reward_mean", "training reward", False), ("success_rate", "training success rate", True),
+PANELS = (("reward_mean", "training reward", False), ("success_rate", "training success rate", False),
           ("score_mean", "training score", True))
 
 
