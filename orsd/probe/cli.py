@@ -110,7 +110,7 @@ def load(args):
 def make_engine(policy, tokenizer, config):
     """The rollout and bundle engine, as the trainer builds its `hf` engine (build.build_engine)."""
     from orsd.engines.hf import HfEngine
-    from orsd.train.bundles import draft_corpus
+    from orsd.train.warmstart import draft_corpus
 
     return HfEngine(policy, tokenizer, config.rollout.batch_size, draft_corpus=draft_corpus(config, tokenizer))
 

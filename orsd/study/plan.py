@@ -7,7 +7,7 @@ as it is. A config with one has it run ONCE, as `orsd-train train.steps=0` into 
 beside it), and every run then gets `model.path=OUT/initial/checkpoints/reference
 warm_start.enabled=false`: no run fits its own warm start. warm_start.json tells orsd-train that the
 policy was shown bundle demonstrations, so ORSD's speculative bundle decoding drafts from the same
-criteria pool as after an in-run warm start (orsd/train/bundles.py: draft_corpus).
+criteria pool as after an in-run warm start (orsd/train/warmstart.py: draft_corpus).
 """
 
 from __future__ import annotations

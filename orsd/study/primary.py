@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import stats
+from . import aggregates, stats
 from .registration import ENDPOINTS, family, role
 
 #: power at which the minimum detectable difference is given
@@ -86,7 +86,7 @@ def analyse(runs: dict, labels: list[str], registration: dict, end: int | None, 
         arms[label] = {"role": role(registration, label), "n": len(seeds),
                        "per_seed": {str(s): values[label][s] for s in seeds},
                        "mean": stats.t_interval(list(values[label].values())).as_dict(),
-                       "iqm": stats.iqm_interval(matrix, reps=RESAMPLES).as_dict() if len(seeds) else None, "strata": strata}
+                       "iqm": aggregates.iqm_interval(matrix, reps=RESAMPLES).as_dict() if len(seeds) else None, "strata": strata}
     primary = [label for label in family(registration) if label in labels]
     comparisons = {}
     for label in labels:
@@ -101,7 +101,7 @@ def analyse(runs: dict, labels: list[str], registration: dict, end: int | None, 
             "tost": stats.tost_paired(values[label], values[baseline], registration["margin"], alpha).as_dict(),
             "mdd": stats.finite(stats.minimum_detectable_difference(difference.sd, difference.n,
                                                                     alpha / max(1, len(primary)), POWER)),
-            "probability_of_improvement": stats.probability_of_improvement(x, y, reps=RESAMPLES).as_dict()
+            "probability_of_improvement": aggregates.probability_of_improvement(x, y, reps=RESAMPLES).as_dict()
             if seeds and x.shape == y.shape else None}
     adjusted = stats.holm({label: comparisons[label]["difference"]["p_value"] for label in primary
                            if label in comparisons}, alpha)

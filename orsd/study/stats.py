@@ -7,9 +7,8 @@ least `MIN_BOOTSTRAP_UNITS` units (episodes); below that the t interval is retur
 `Interval.method` says which one was computed. Arms are compared with the baseline by a paired
 t-test over seeds, Holm-adjusted across the study's arms, "no difference" is said only when a
 paired TOST passes, and the minimum detectable difference tells what the study could have seen
-(`statsmodels`). rliable's IQM and probability of improvement live in `orsd.study.aggregates` and
-are reachable here too (`stats.iqm_interval`), loaded on first use since rliable brings arch and
-pandas. With fewer than two values there is no interval: its ends are nan, written as null / "–".
+(`statsmodels`). rliable's IQM and probability of improvement live in `orsd.study.aggregates`,
+which imports rliable (and its arch and pandas) and this module, never the other way. With fewer than two values there is no interval: its ends are nan, written as null / "–".
 Higher values are taken to be better.
 """
 
@@ -331,13 +330,3 @@ def episode_outcomes(record: dict) -> np.ndarray:
     episodes = int(record.get("num_episodes") or 0)
     wins = round(float(record.get("success_rate") or 0.0) * episodes)
     return np.concatenate([np.ones(wins), np.zeros(episodes - wins)])
-
-
-def __getattr__(name: str):
-    """rliable's estimates, `stats.iqm_interval` and `stats.probability_of_improvement`, import
-    rliable (and its arch and pandas) only when first asked for."""
-    if name in ("Estimate", "iqm_interval", "probability_of_improvement"):
-        from . import aggregates
-
-        return getattr(aggregates, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -205,7 +205,7 @@ def build_engine(config, policy, tokenizer, run_dir, dist=None):
     and is pushed the new weights after every update."""
     from orsd.engines.hf import HfEngine
 
-    from .bundles import draft_corpus
+    from .warmstart import draft_corpus
 
     r = config.rollout
     if r.engine == "hf":

@@ -343,8 +343,7 @@ def criteria_pool(env_name: str) -> list[str]:
 def pool_demo(env, tokenizer, pool: list[str], group_size: int, transcript_chars: int, rng: random.Random,
               template=None, max_actions: int = 0) -> BundleDemo:
     """warm_start.bundle_demos_kind=pool: the generation prompt of one task's episodes with more or
-    less noise (warmstart.play) answered by 5–8 criteria of `pool`, whatever the task said."""
-    from .warmstart import play
+    less noise (`play`) answered by 5–8 criteria of `pool`, whatever the task said."""
 
     task = env.sample_task(rng)
     runs = [play(env, task, rng, noise, max_actions)[0] for noise in
@@ -380,3 +379,22 @@ def names_task(criterion: str, task) -> bool:
     """Whether `criterion` names something of `task` (task_terms, whole words, any case)."""
     return any(re.search(rf"(?<![\w.]){re.escape(term.lower())}(?![\w])", criterion.lower())
                for term in task_terms(task))
+
+
+def play(env, task, rng: random.Random, noise: float, max_actions: int, context_of=None):
+    """One episode led by the expert; with probability `noise` a random valid command
+    (`Env.random_action`: one of ALFWorld's admissible commands, a shop page's search or click) is
+    executed instead (the label stays the expert's, so the next turns show the recovery). Returns
+    the trajectory and, when `context_of` is given, (context ids, expert command) per turn."""
+    episode = env.fork()
+    trajectory = Trajectory(task=task, observations=[episode.reset(task)], actions=[])
+    turns, done = [], False
+    while not done and episode.num_actions < (max_actions or env.max_actions):
+        expert = episode.expert_action()
+        if context_of is not None:
+            turns.append((context_of(episode, trajectory), expert))
+        action = (episode.random_action(rng) or expert) if noise and rng.random() < noise else expert
+        observation, done, _ = episode.step(action)
+        trajectory.actions.append(action)
+        trajectory.observations.append(observation)
+    return trajectory, turns

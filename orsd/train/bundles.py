@@ -54,25 +54,6 @@ def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num
     return out
 
 
-def draft_corpus(config, tokenizer) -> list[list[int]]:
-    """What speculative bundle decoding may copy drafts from besides the prompt and the other
-    bundles, when the policy was shown bundle demonstrations, by this run's warm start or by the
-    one that saved it: what those demonstrations repeat. Pool demonstrations: the criteria pool,
-    numbered as they show it (the policy then writes its lines nearly word for word). Content
-    demonstrations: the fixed words of their criterion templates (bundle_demos.template_corpus); the
-    words they fill in are the task's and the transcripts', which the prompt already holds."""
-    from .bundle_demos import criteria_pool, template_corpus
-    from .warmstart import bundle_demos_kind_shown
-
-    kind = bundle_demos_kind_shown(config) if config.rubric.draft_tokens else ""
-    if not kind:
-        return []
-    if kind == "content":
-        return [tokenizer.encode(piece, add_special_tokens=False) for piece in template_corpus()]
-    text = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(criteria_pool(config.env.name), 1))
-    return [tokenizer.encode(text, add_special_tokens=False)]
-
-
 def verify(verifier, groups: Sequence[Group], candidates: Sequence[Candidates],
            transcript_chars: int) -> list[list[rubric.VerifierResult] | None]:
     """Per group, one VerifierResult per bundle (scores [N, K], NaN = unscored, and the events

@@ -24,7 +24,7 @@ from orsd.methods import Advantages, BundleRequest, Method, make_method
 
 from . import bundles
 from . import delta as deltas
-from . import overlap
+from . import overlap, warmstart
 from .checkpoint import kill_point
 from .config import Config
 from .distributed import deepspeed_backward, gathered
@@ -74,7 +74,7 @@ class Trainer:
         self.verifier = verifier
         self.env = env
         self.engine = engine or HfEngine(policy, tokenizer, config.rollout.batch_size,
-                                         draft_corpus=bundles.draft_corpus(config, tokenizer))
+                                         draft_corpus=warmstart.draft_corpus(config, tokenizer))
         self.optimizer = optimizer or build_optimizer(policy.parameters(), config.optim)
         self.scheduler = (ds_engine.lr_scheduler if ds_engine is not None
                           else warmup_schedule(self.optimizer, config.optim.warmup_steps))
@@ -206,7 +206,7 @@ class Trainer:
     def bundle_engine(self, writer: str) -> HfEngine:
         if writer == "initial" and self.initial_engine is None:
             self.initial_engine = HfEngine(self.reference, self.tokenizer, self.config.rollout.batch_size,
-                                           draft_corpus=bundles.draft_corpus(self.config, self.tokenizer))
+                                           draft_corpus=warmstart.draft_corpus(self.config, self.tokenizer))
         return self.initial_engine if writer == "initial" else self.engine
 
     def overlaps(self) -> bool:

@@ -32,11 +32,10 @@ from orsd.engines import frozen, prefill
 from orsd.methods import make_method
 from orsd.envs.prompts import demonstration_answer
 
-from .bundle_demos import criteria_pool
+from .bundle_demos import criteria_pool, play
 from .forward import train_logprobs
 from .model import autocast, freeze_below, trim_heap
 from .packing import batch_positions, budget_batches, pack
-from .records import Trajectory
 from .rollout import build_context
 
 
@@ -83,25 +82,6 @@ def collect_bundle_demos(env, tokenizer, count: int, group_size: int, transcript
         made = [bundle_demos.pool_demo(env, tokenizer, pool, group_size, transcript_chars, rng, template, max_actions)
                 for _ in range(count)]
     return [Demo(d.prompt_ids, answer_ids(tokenizer, d.answer)) for d in made]
-
-
-def play(env, task, rng: random.Random, noise: float, max_actions: int, context_of=None):
-    """One episode led by the expert; with probability `noise` a random valid command
-    (`Env.random_action`: one of ALFWorld's admissible commands, a shop page's search or click) is
-    executed instead (the label stays the expert's, so the next turns show the recovery). Returns
-    the trajectory and, when `context_of` is given, (context ids, expert command) per turn."""
-    episode = env.fork()
-    trajectory = Trajectory(task=task, observations=[episode.reset(task)], actions=[])
-    turns, done = [], False
-    while not done and episode.num_actions < (max_actions or env.max_actions):
-        expert = episode.expert_action()
-        if context_of is not None:
-            turns.append((context_of(episode, trajectory), expert))
-        action = (episode.random_action(rng) or expert) if noise and rng.random() < noise else expert
-        observation, done, _ = episode.step(action)
-        trajectory.actions.append(action)
-        trajectory.observations.append(observation)
-    return trajectory, turns
 
 
 def answer_ids(tokenizer, text: str) -> list[int]:
@@ -444,3 +424,21 @@ def run_warm_start(config, policy, tokenizer, env, log=print, precision: str | N
 if __name__ == "__main__":  # the child of run_warm_start_in_child: job.pkl in, result.pkl out
     job, result = sys.argv[1:3]
     Path(result).write_bytes(pickle.dumps(_fit_in_child(*pickle.loads(Path(job).read_bytes()))))
+
+
+def draft_corpus(config, tokenizer) -> list[list[int]]:
+    """What speculative bundle decoding may copy drafts from besides the prompt and the other
+    bundles, when the policy was shown bundle demonstrations, by this run's warm start or by the
+    one that saved it: what those demonstrations repeat. Pool demonstrations: the criteria pool,
+    numbered as they show it (the policy then writes its lines nearly word for word). Content
+    demonstrations: the fixed words of their criterion templates (bundle_demos.template_corpus); the
+    words they fill in are the task's and the transcripts', which the prompt already holds."""
+    from .bundle_demos import template_corpus
+
+    kind = bundle_demos_kind_shown(config) if config.rubric.draft_tokens else ""
+    if not kind:
+        return []
+    if kind == "content":
+        return [tokenizer.encode(piece, add_special_tokens=False) for piece in template_corpus()]
+    text = "\n".join(f"{i}. {criterion}" for i, criterion in enumerate(criteria_pool(config.env.name), 1))
+    return [tokenizer.encode(text, add_special_tokens=False)]

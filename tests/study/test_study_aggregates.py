@@ -99,12 +99,3 @@ def test_probability_of_improvement_by_hand():
     assert two.runs == 1 and np.isnan(two.low)
     with pytest.raises(ValueError, match="y: expected the same number of task columns"):
         aggregates.probability_of_improvement(x, np.ones((3, 2)))
-
-
-def test_stats_hands_out_the_same_functions():
-    from orsd.study import stats
-
-    assert stats.iqm_interval is aggregates.iqm_interval
-    assert stats.probability_of_improvement is aggregates.probability_of_improvement
-    with pytest.raises(AttributeError, match="no_such_statistic"):
-        stats.no_such_statistic

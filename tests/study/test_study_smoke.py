@@ -11,7 +11,7 @@ import yaml
 
 from orsd.study.grid import directory_sha256
 from orsd.train.config import load_config
-from orsd.train.bundles import draft_corpus
+from orsd.train.warmstart import draft_corpus
 from tiny_model import make_tiny_tokenizer
 
 ROOT = Path(__file__).parents[2]

@@ -15,11 +15,12 @@ from scipy.stats import spearmanr
 from orsd import envs, rubric
 from orsd.envs.webshop.catalog import Goal
 from orsd.train.bundle_demos import content_demo, content_demos, criteria_pool, template_corpus
-from orsd.train.bundles import draft_corpus, transcripts
+from orsd.train.bundles import transcripts
 from orsd.train.config import load_config
 from orsd.train.records import Group
 from orsd.train.rollout import render
-from orsd.train.warmstart import bundle_demos_kind, bundle_demos_kind_shown, collect_bundle_demos, write_record
+from orsd.train.warmstart import (bundle_demos_kind, bundle_demos_kind_shown, collect_bundle_demos, draft_corpus,
+                                  write_record)
 
 GROUP, CHARS, ACTIONS = 4, 700, 6  # the CPU study's group size, transcript budget and horizon
 
