@@ -14,4 +14,9 @@ same state, with bootstrap intervals (issues 57 and 60; docs/evidence.md).
 - `scoring`: every reply's per-token log-probs under every context, by paired replay;
 - `stats`: paired and unpaired AUCs, bootstrap intervals (scipy), the summary of probe.json;
 - `report`: probe.md and probe.html; `cli`: the command.
+
+Beside it, the verifier check (`orsd-verifier-check`, issue 67): can the run's verifier tell
+satisfied from unsatisfied criteria? `truth`: episodes whose oracle criteria have a truth known by
+rule; `verifier_check`: their cells scored through training's `verify`, AUCs with intervals over
+tasks; `verifier_cli`: the command.
 """

@@ -65,7 +65,8 @@ def test_format_transcript_rejects_bad_input(observations, actions, error):
 def test_rewards_never_enter_the_generation_prompt():
     # the signatures cannot take them ...
     assert list(inspect.signature(generation_messages).parameters) == ["task", "transcripts", "template"]
-    assert list(inspect.signature(format_transcript).parameters) == ["observations", "actions", "max_chars"]
+    assert list(inspect.signature(format_transcript).parameters) == ["observations", "actions", "max_chars",
+                                                                     "keep_actions"]
     # ... and a group whose trajectories have distinct rewards leaves no trace of them
     rewards = np.array([0.0, 1.0, 0.25, 10.0])
     transcripts = [format_transcript(*episode(seed)) for seed in range(len(rewards))]
