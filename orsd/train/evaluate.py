@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     split = args.split or config.env.eval_split or DEFAULT_EVAL_SPLIT[config.env.name]
     tokenizer = load_tokenizer(args.checkpoint)
-    policy = load_policy(args.checkpoint, config.model.dtype, config.model.device, config.model.attn_implementation)
+    # a random: model is seeded by train.seed, as orsd-train seeds it (orsd-study's shared start evaluation
+    # of a seed must evaluate the very policy that seed's runs start from)
+    policy = load_policy(args.checkpoint, config.model.dtype, config.model.device, config.model.attn_implementation,
+                         config.train.seed)
     start = time.perf_counter()
     with autocast(policy, config.model.autocast):
         result = evaluate(HfEngine(policy, tokenizer, config.train.eval_batch_size), tokenizer,
