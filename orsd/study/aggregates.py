@@ -14,16 +14,21 @@ generator (`StratifiedBootstrap.update_indices`), and ignores `random_state` for
 also deprecates that argument). So each call seeds the global generator with `seed` and gives the
 caller's global state back afterwards: the same scores and seed print the same interval. Not
 thread-safe, as nothing that uses numpy's global generator is.
+
+rliable is imported on first use (`_rliable`), with arch's numba switched off: arch would import
+numba, and llvmlite's objects in `sys.modules` break vLLM's in-process kernel dispatcher, which scans
+every loaded module (its engine failed to start in any process that had imported rliable: the
+tests, a notebook). The bootstrap used here needs no JIT and gives the same numbers without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from rliable import library, metrics
 
 from .stats import CONFIDENCE, MIN_BOOTSTRAP_UNITS, RESAMPLES, finite
 
@@ -49,6 +54,15 @@ class Estimate:
 
     def as_dict(self) -> dict:
         return {key: finite(value) for key, value in asdict(self).items()}
+
+
+def _rliable():
+    """(rliable.library, rliable.metrics), imported with ARCH_DISABLE_NUMBA set (see the module's
+    docstring) unless the caller set it."""
+    os.environ.setdefault("ARCH_DISABLE_NUMBA", "1")
+    from rliable import library, metrics
+
+    return library, metrics
 
 
 @contextlib.contextmanager
@@ -83,7 +97,7 @@ def _check(reps: int, seed: int, confidence: float) -> None:
 
 
 def _iqm(scores: np.ndarray) -> np.ndarray:
-    return np.array([metrics.aggregate_iqm(scores)])
+    return np.array([_rliable()[1].aggregate_iqm(scores)])
 
 
 def iqm_interval(scores, reps: int = RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> Estimate:
@@ -92,6 +106,7 @@ def iqm_interval(scores, reps: int = RESAMPLES, seed: int = 0, confidence: float
     percentile interval (`rliable.library.get_interval_estimates`, runs resampled within tasks)."""
     matrix = _matrix("scores", scores)
     _check(reps, seed, confidence)
+    library, metrics = _rliable()
     runs, tasks = matrix.shape
     point = float(metrics.aggregate_iqm(matrix))
     low = high = math.nan
@@ -119,6 +134,7 @@ def probability_of_improvement(x, y, reps: int = IMPROVEMENT_RESAMPLES, seed: in
     if first.shape[1] != second.shape[1]:
         raise ValueError(f"y: expected the same number of task columns as x ({first.shape[1]}), got {second.shape[1]}")
     _check(reps, seed, confidence)
+    library, metrics = _rliable()
     runs, tasks = min(len(first), len(second)), first.shape[1]
     point = float(metrics.probability_of_improvement(first, second))
     low = high = math.nan

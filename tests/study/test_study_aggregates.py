@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-from rliable import library, metrics
 from scipy import stats as scipy_stats
 
 from orsd.study import aggregates
@@ -15,10 +14,12 @@ REPS = 500
 
 
 def _iqm(x):
+    library, metrics = aggregates._rliable()  # as orsd imports it (numba off), not at collection
     return np.array([metrics.aggregate_iqm(x)])
 
 
 def test_iqm_interval_matches_rliable_seeded_the_same_way():
+    library, metrics = aggregates._rliable()  # as orsd imports it (numba off), not at collection
     estimate = aggregates.iqm_interval(SCORES, reps=REPS, seed=11)
     np.random.seed(11)
     _, direct = library.get_interval_estimates({"k": SCORES}, _iqm, reps=REPS)
@@ -48,6 +49,7 @@ def test_the_interval_is_reproducible_and_leaves_numpys_global_state_alone():
 
 
 def test_rliable_ignores_random_state_for_its_resamples():
+    library, metrics = aggregates._rliable()  # as orsd imports it (numba off), not at collection
     # why the module seeds numpy's global generator: rliable 1.2.0 draws indices with np.random.choice
     intervals = []
     for global_seed in (1, 2):
@@ -80,6 +82,7 @@ def test_bad_scores_are_refused():
 
 
 def test_probability_of_improvement_matches_rliable():
+    library, metrics = aggregates._rliable()  # as orsd imports it (numba off), not at collection
     other = SCORES[::-1] * 0.8
     estimate = aggregates.probability_of_improvement(SCORES, other, reps=REPS, seed=2)
     np.random.seed(2)
@@ -99,3 +102,20 @@ def test_probability_of_improvement_by_hand():
     assert two.runs == 1 and np.isnan(two.low)
     with pytest.raises(ValueError, match="y: expected the same number of task columns"):
         aggregates.probability_of_improvement(x, np.ones((3, 2)))
+
+
+def test_the_study_statistics_keep_numba_out_of_the_process():
+    """arch imports numba unless told not to, and llvmlite's objects in sys.modules break vLLM's
+    in-process kernel dispatcher (the vLLM engine then fails to start in that process): the study's
+    modules import nothing of rliable until asked, and then with arch's numba off."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; import orsd.study.outputs; assert 'rliable' not in sys.modules; "
+            "from orsd.study import aggregates; aggregates.iqm_interval(np.ones((2, 1)), reps=10); "
+            "assert 'rliable' in sys.modules; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('numba', 'llvmlite')))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "ARCH_DISABLE_NUMBA"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
