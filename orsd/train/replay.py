@@ -43,11 +43,11 @@ class ReplaySpec:
 @dataclass
 class ReplayResult:
     packed: Packed
-    old_logprobs: torch.Tensor  # [L] plain-context replay (π_old of the ratio by default)
+    old_logprobs: torch.Tensor | None  # [L] plain-context replay (π_old of the ratio by default); None: not run
     advantages: torch.Tensor  # [L] A_GRPO + α·e·Δ on response positions (Eq. 9)
     delta: torch.Tensor  # [L] Δ = lp_with − lp_without where valid, else 0 (Eq. 8)
     valid: torch.Tensor  # [L] e: response token of an eligible record with a finite Δ
-    rollout_gap: float  # mean |replayed − rollout| log-prob over response tokens
+    rollout_gap: float | None  # mean |replayed − rollout| log-prob over response tokens (None: not replayed)
     rollout_logprobs: torch.Tensor  # [L] the sampler's log-probs (π_old with optim.old_logprobs=rollout)
     # (split, per record the states entering layer `split`) from the plain pass, when the layers
     # below `split` are frozen (reuse_frozen): the reference pass and the update start from them
@@ -62,16 +62,19 @@ class PlainReplay:
     """The plain-context pass alone: what GRPO needs, and what the rubric pass adds Δ to."""
 
     packed: Packed
-    old_logprobs: torch.Tensor  # [L]
+    old_logprobs: torch.Tensor | None  # [L]; None where plain_replay ran without `logprobs`
     frozen_states: tuple | None = None  # see ReplayResult
     # the keys/values of each record no other record extends, kept for the rubric pass
     # (plain_replay's keep_prefixes; paired_replay releases them)
     prefixes: prefill.PrefixCache | None = None
 
 
-def plain_replay(model, records: list[TurnRecord], replay: ReplaySpec, keep_prefixes: bool = False) -> PlainReplay:
+def plain_replay(model, records: list[TurnRecord], replay: ReplaySpec, keep_prefixes: bool = False,
+                 logprobs: bool = True) -> PlainReplay:
     """Log-probs of the response tokens in their own contexts, with the weights that produced the
-    rollout (π_old). `replay.reuse_frozen`, `keep_prefixes`: see paired_replay."""
+    rollout (π_old). `replay.reuse_frozen`, `keep_prefixes`: see paired_replay. Without `logprobs`
+    (nothing will read them: no rubric pass, π_old from the rollout) only the frozen layers' states
+    are computed, for the reference pass and the update; the layers above do not run."""
     token_budget, lockstep, share_prefix = replay.token_budget, replay.lockstep, replay.share_prefix
     packed = pack(records)
     states = None
@@ -83,8 +86,10 @@ def plain_replay(model, records: list[TurnRecord], replay: ReplaySpec, keep_pref
                      for s in range(packed.num_sequences)]
         below = prefill.PrefixCache() if keeps else None  # the frozen layers' keys/values, joined below
         states = (split, prefill.bottom_states(model, sequences, split, token_budget, keep_into=below))
-    old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, replay.temperature,
-                          token_budget, replay.fused, lockstep, share_prefix, states, keep_into=kept)
+    old = None
+    if logprobs:
+        old = replay_logprobs(model, packed.ids, packed.cu_seqlens, packed.response_mask, replay.temperature,
+                              token_budget, replay.fused, lockstep, share_prefix, states, keep_into=kept)
     if states is not None and kept is not None:
         kept = kept.under(below)
     return PlainReplay(packed, old, states, kept)
@@ -93,7 +98,7 @@ def plain_replay(model, records: list[TurnRecord], replay: ReplaySpec, keep_pref
 def paired_replay(model, records: list[TurnRecord], record_advantages: list[float],
                   record_rubrics: list[list[int] | None], alpha: float, replay: ReplaySpec,
                   plain: PlainReplay | None = None, record_controls: list | None = None,
-                  record_keep: list | None = None) -> ReplayResult:
+                  record_keep: list | None = None, plain_logprobs: bool = True) -> ReplayResult:
     """Log-probs of the same response tokens without and with the rubric spliced in at each
     record's slot; their gap Δ shapes the token advantage (paper §3.3).
 
@@ -126,10 +131,15 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     spliced at the slot and forwarded in one pass (each control row continues from the same kept
     keys/values as its rubric's row), e = 0 where either is None. `record_keep[s]`: per response
     token, False where e = 0 (rubric.delta_mask).
+
+    `plain_logprobs=False`: the caller reads no plain log-probs (π_old comes from the rollout and
+    the method has no teacher); where no record has a rubric either, the plain pass computes only
+    the frozen layers' states (plain_replay), `old_logprobs` and `rollout_gap` are None and A = A_GRPO.
     """
+    spliced_any = any(r is not None for r in record_rubrics) or any(c is not None for c in record_controls or [])
     if plain is None:
-        plain = plain_replay(model, records, replay,
-                             keep_prefixes=replay.reuse_plain and any(r is not None for r in record_rubrics))
+        plain = plain_replay(model, records, replay, keep_prefixes=replay.reuse_plain and spliced_any,
+                             logprobs=plain_logprobs or spliced_any or replay.lockstep is not None)
     packed, old = plain.packed, plain.old_logprobs
     splices = [splice_privileged(packed, records, privileged)
                for privileged in (record_rubrics, record_controls) if privileged is not None]
@@ -139,11 +149,12 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
         ids, cu, mask, bounds = shaping.joined(splices)
         logprobs = replay_logprobs(model, ids, cu, mask, replay.temperature, replay.token_budget, replay.fused,
                                    replay.lockstep, replay.share_prefix, prefixes=prefixes)
-    shaped = shaping.shaped(packed, old, splices, logprobs, bounds, record_advantages, alpha, record_keep)
+    shaped = shaping.shaped(packed, old if old is not None else torch.zeros(len(packed.ids)), splices, logprobs,
+                            bounds, record_advantages, alpha, record_keep)
     rollout = torch.zeros(len(packed.ids))
     rollout[packed.response_mask] = torch.tensor([lp for r in records for lp in r.rollout_logprobs],
                                                  dtype=torch.float32)
     scored = packed.response_mask & (torch.arange(len(packed.ids)) > packed.cu_seqlens[packed.seq_ids])
-    gap = float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
+    gap = None if old is None else float((old - rollout)[scored].abs().mean()) if scored.any() else 0.0
     return ReplayResult(packed, old, shaped.advantages, shaped.delta, shaped.valid, gap, rollout, plain.frozen_states,
                         shaped.grpo, shaped.eligible, shaped.delta_paper)

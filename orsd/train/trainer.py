@@ -235,11 +235,17 @@ class Trainer:
         `plain`: the plain pass when it already ran (plain_pass)."""
         inputs = deltas.replay_inputs(self.tokenizer, self.config, groups, advantages, rubrics, controls)
         return paired_replay(self.policy, inputs.records, inputs.advantages, inputs.rubrics, self.method.alpha,
-                             self.replay_spec, plain=plain, record_controls=inputs.controls, record_keep=inputs.keep)
+                             self.replay_spec, plain=plain, record_controls=inputs.controls, record_keep=inputs.keep,
+                             plain_logprobs=self.reads_plain_logprobs())
+
+    def reads_plain_logprobs(self) -> bool:
+        """Whether anything after the replay reads the plain pass's log-probs even where no record
+        has a rubric: π_old of the ratio (optim.old_logprobs=replay) or the teacher's gap metric."""
+        return self.config.optim.old_logprobs == "replay" or self.method.distillation is not None
 
     def reference_logprobs(self, replay: ReplayResult | PlainReplay) -> torch.Tensor:
-        if not self.config.optim.kl_coef:
-            return replay.old_logprobs
+        if not self.config.optim.kl_coef:  # the KL term is multiplied by 0: any finite values serve
+            return replay.old_logprobs if replay.old_logprobs is not None else replay.rollout_logprobs
         p, states = replay.packed, replay.frozen_states
         if states is not None and not self.reference_shares_frozen(states[0]):
             states = None

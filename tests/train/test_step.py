@@ -237,10 +237,33 @@ def test_a_step_reusing_the_frozen_layers_states_takes_the_same_step(tiny_model,
 
 
 def test_old_logprobs_from_the_rollout(tiny_model, tiny_tokenizer):
-    """optim.old_logprobs=rollout puts the sampler's log-probs in the ratio (paper App. C.2)."""
-    config = small_config("method.name=grpo", "optim.old_logprobs=rollout", "optim.lr=0")
-    result = make_trainer(config, tiny_model, tiny_tokenizer).step()
-    replay = result.outputs.replay
+    """optim.old_logprobs=rollout puts the sampler's log-probs in the ratio (paper App. C.2), and a
+    GRPO step then skips the plain pass's layers above the frozen ones, which nothing reads: the
+    step (loss, KL, weights after the update) equals one that ran them, bit for bit, and only the
+    replay's health metric is absent."""
+    import copy
+
+    freeze_below(tiny_model, 1, "optim.train_layers")
+    config = small_config("method.name=grpo", "optim.old_logprobs=rollout", "optim.train_layers=1",
+                          "optim.kl_coef=0.05")
+    results = []
+    for reads in (False, True):
+        model = copy.deepcopy(tiny_model)
+        trainer = make_trainer(config, model, tiny_tokenizer)
+        trainer.reads_plain_logprobs = lambda reads=reads: reads  # True: the plain pass runs whole
+        top_calls = []
+        model.model.layers[1].register_forward_hook(lambda *_: top_calls.append(trainer.step_index))
+        result = trainer.step()
+        results.append((result, [p.detach().clone() for p in model.parameters()], len(top_calls)))
+    (skipped, skipped_weights, skipped_calls), (whole, whole_weights, whole_calls) = results
+    assert skipped.outputs.replay.old_logprobs is None and skipped.metrics["replay_rollout_gap"] is None
+    replay = whole.outputs.replay
     scored = replay.packed.response_mask
     assert torch.allclose(replay.rollout_logprobs[scored], replay.old_logprobs[scored], atol=1e-3)
-    assert abs(result.metrics["ratio"] - 1.0) < 1e-3
+    assert whole.metrics["replay_rollout_gap"] < 1e-3
+    assert abs(skipped.metrics["ratio"] - 1.0) < 1e-3 and skipped.metrics["kl"] >= 0
+    assert skipped_calls < whole_calls  # the top layer ran in the reference pass and the update only
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "reward_mean", "advantage_abs_mean"):
+        assert skipped.metrics[key] == whole.metrics[key], key
+    for a, b in zip(skipped_weights, whole_weights):
+        assert torch.equal(a, b)

@@ -273,7 +273,9 @@ class OptimConfig:
                             "the layers below stay as the warm start left them, so they get no gradients, no "
                             "AdamW moments and no saved activations", ge=0)
     old_logprobs: str = doc("replay", "pi_old of the PPO ratio: replay (recomputed by the trainer before the "
-                            "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2)",
+                            "update, as verl does) | rollout (the sampler's own log-probs, the paper's App. C.2; "
+                            "a step with no rubric pass and no teacher then skips the replay's forward above "
+                            "the frozen layers, which nothing reads)",
                             choices=("replay", "rollout"))
 
 
