@@ -51,7 +51,7 @@ class TaskRubrics:
 
 def select_bundles(config, engine, tokenizer, verifier, groups, seed: int) -> tuple[list, list]:
     """(Candidates, Alignment) per group, by the trainer's write → verify → select stages with the
-    config's rubric settings (bundles.sampling; the selection rng of a step 0)."""
+    config's rubric settings (bundles.sampling, rubric.min_rho; the selection rng of a step 0)."""
     r = config.rubric
     method = ORSD(config)
     request = method.bundle_request(groups)
@@ -59,7 +59,8 @@ def select_bundles(config, engine, tokenizer, verifier, groups, seed: int) -> tu
                                     bundles.sampling(r), r.transcript_chars, r.generation_template or None)
     candidates = method.candidates(groups, request, written)
     scores = bundles.verify(verifier, groups, candidates, r.transcript_chars)
-    selection = bundles.select(groups, candidates, scores, method.selection, np.random.default_rng((seed, 0)))
+    selection = bundles.select(groups, candidates, scores, method.selection, np.random.default_rng((seed, 0)),
+                               r.min_rho)  # a B* at or below rubric.min_rho is set aside, as in training
     return candidates, selection
 
 

@@ -138,8 +138,10 @@ def make_plan(config: str | None, arms: list[Arm], seeds: list[int], out: Path, 
                                    [*sets, f"train.seed={seed}", f"model.threads={threads}"])
                    for seed in seeds] if sharing else []
     runs = []
-    for arm in arms:
-        for seed in seeds:
+    # seed by seed, every arm of a seed before the next: a grid stopped part-way holds whole seeds,
+    # each arm paired with the baseline
+    for seed in seeds:
+        for arm in arms:
             run = Run(arm, seed, run_path(out, arm.label, seed), resolved[arm.label].train.steps,
                       resolved[arm.label].train.eval_every)
             run.overrides = [*sets, *arm.overrides, *shared_policy(initial), f"train.seed={seed}",

@@ -86,6 +86,22 @@ def test_probe_cli_smoke_with_a_policy_that_plays_the_expert_half_the_time(tiny_
     assert page.count('class="group"') == 3 and page.count("<summary>") == 3 * len(KINDS)
 
 
+def test_probe_applies_rubric_min_rho_as_training_does(tiny_smol_dir, tmp_path, monkeypatch, one_torch_thread):
+    """rubric.min_rho=1: every B* has ρ <= 1, so the probe sets each aside as training would (e = 0
+    there): no `selected` rubric, and the note says why."""
+    monkeypatch.setattr(cli, "make_engine", lambda policy, tokenizer, config: PerTaskBundles(
+        tokenizer, envs.make("webshop", split="test"), lambda task, sample: sample == 0, split="test"))
+    out = tmp_path / "probe"
+    assert cli.main([str(tiny_smol_dir), "--tasks", "2", "--samples", "2", "--wrong-per-state", "1", "--out",
+                     str(out), "model.autocast=", "model.threads=1", "env.max_history_turns=0",
+                     "rubric.min_rho=1"]) == 0
+    result = json.loads((out / "probe.json").read_text())
+    for task in result["tasks"]:
+        assert task["rubrics"]["selected"] is None and task["alignment"]["set_aside"] is not None
+        assert task["notes"]["selected"].startswith("no B*: min_rho: B*")
+    assert result["scores"]["Δ selected"]["expert_vs_wrong"]["auc"]["n"] == 0
+
+
 def test_probe_cli_on_the_random_model_itself(tiny_smol_dir, tmp_path, one_torch_thread):
     """The real engine: the random model writes no valid action, so its rollouts' rewards are equal
     and, as in training, no B* exists: the kinds that need one are absent and say why."""
