@@ -53,15 +53,41 @@ def full_nbytes(param: torch.Tensor) -> int:
     return int(numel) * param.element_size()
 
 
+def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's parameters under the HF checkpoint's names, in `named_parameters` order (tied
+    weights once). A peft LoRA layer (model.lora: `base_layer` with `lora_A`/`lora_B`) gives its
+    weight merged, W + scaling·B·A for its active adapters, under the base layer's name, and its
+    adapter factors not at all: vLLM knows only the base architecture and gets the adapted policy."""
+    model = unwrap(model)
+    adapted = {name: module for name, module in model.named_modules()
+               if hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")}
+    for name, param in model.named_parameters():
+        if not adapted:
+            yield name, param
+            continue
+        if ".lora_" in name:  # an adapter factor: merged into its base weight
+            continue
+        owner, found, leaf = name.rpartition(".base_layer.")
+        if not found or owner not in adapted:
+            yield name, param
+        elif leaf != "weight":
+            yield f"{owner}.{leaf}", param
+        else:
+            module = adapted[owner]
+            with torch.no_grad():
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            yield f"{owner}.weight", param.detach() + delta.to(param.dtype)
+
+
 def buckets(model: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
-    """Parameters in `named_parameters` order (tied weights once), grouped up to `bucket_bytes`;
-    a parameter larger than the bound travels alone."""
+    """named_tensors(model) (parameters; a LoRA layer's weight merged), grouped up to
+    `bucket_bytes`; a tensor larger than the bound travels alone."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes={bucket_bytes}: expected a positive byte count")
     names: list[str] = []
     params: list[torch.nn.Parameter] = []
     size = 0
-    for name, param in unwrap(model).named_parameters():
+    for name, param in named_tensors(model):
         nbytes = full_nbytes(param)
         if params and size + nbytes > bucket_bytes:
             yield Bucket(names, params, size)

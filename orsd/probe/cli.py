@@ -82,13 +82,18 @@ def clean(value):
 
 
 def verifier_model(checkpoint: str, policy, config, precision: str):
-    """The model the run's local verifier used: the run's frozen initial policy where the checkpoint
-    sits beside it (runs/x/checkpoints/reference), else a frozen copy of the probed policy."""
+    """The model the run's local verifier used: a LoRA checkpoint's base (model.lora: the base
+    without the adapters), the run's frozen initial policy where the checkpoint sits beside it
+    (runs/x/checkpoints/reference), else a frozen copy of the probed policy."""
+    from orsd.train import lora
     from orsd.train.model import frozen_copy, load_policy
 
+    m = config.model
+    if lora.is_adapter_dir(checkpoint):
+        base = lora.saved_settings(checkpoint)["base"]
+        return frozen_copy(load_policy(base, m.dtype, m.device, m.attn_implementation), precision), base
     reference = Path(checkpoint).parent / "reference"
     if reference.resolve() != Path(checkpoint).resolve() and (reference / "config.json").is_file():
-        m = config.model
         return frozen_copy(load_policy(str(reference), m.dtype, m.device, m.attn_implementation), precision), str(reference)
     return frozen_copy(policy, precision), checkpoint
 

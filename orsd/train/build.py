@@ -12,6 +12,8 @@ from pathlib import Path
 from orsd import envs, rubric
 from orsd.methods import make_method
 
+from . import lora
+
 
 def build_verifier(config, frozen_model, tokenizer):
     """A real endpoint when one is configured, else a frozen local model (the reference copy of the
@@ -115,9 +117,13 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
     env = make_env(config)
     if m.gradient_checkpointing:  # before the warm start, whose micro-batches it shrinks as the update's
         policy.gradient_checkpointing_enable()
-    if resume_from is not None:
-        source = reference_dir if reference_dir and reference_dir.exists() else m.path
-        reference = frozen_copy(load_policy(str(source), m.dtype, device, m.attn_implementation, config.train.seed),
+    base_path = str(reference_dir if resume_from is not None and reference_dir and reference_dir.exists()
+                    else m.path)  # what LoRA's adapters adapt (a warm start's below)
+    if resume_from is not None and lora.enabled(m.lora):  # the checkpoint holds only the adapters
+        policy = load_policy(base_path, m.dtype, device, m.attn_implementation, config.train.seed)
+        reference = None  # the base view, made below
+    elif resume_from is not None:
+        reference = frozen_copy(load_policy(base_path, m.dtype, device, m.attn_implementation, config.train.seed),
                                 precision.autocast)
     else:
         if config.warm_start.enabled and not in_child:
@@ -129,8 +135,13 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
         if config.warm_start.enabled and reference_dir is not None and (dist is None or dist.is_main):
             # beside the warm-started policy: orsd-study starts arms from it
             write_record(config, reference_dir, method.writes_bundles)
-        reference = frozen_copy(policy, precision.autocast)  # π_ref: the policy as RL starts (after any warm start)
+        if config.warm_start.enabled and reference_dir is not None:
+            base_path = str(reference_dir)
+        # π_ref: the policy as RL starts (after any warm start); LoRA's is the base view, made below
+        reference = None if lora.enabled(m.lora) else frozen_copy(policy, precision.autocast)
     release_memory()  # the warm start's optimizer, gradients and activations are gone
+    if lora.enabled(m.lora):
+        reference = adapt(policy, config, resume_from, log)
     freeze_for_update(policy, config, precision.autocast, distributed=dist is not None, log=log)
     if dist is None and (shared := share_frozen(policy, reference)):  # ZeRO partitions the policy's own
         log(f"reference: shares the embeddings and the {shared} frozen layers below with the policy")
@@ -139,6 +150,7 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
     ds_engine = distributed.wrap(policy, config) if dist else None
     trainer = Trainer(config, policy, tokenizer, reference, verifier, env, engine=engine, dist=dist,
                       ds_engine=ds_engine, method=method)
+    trainer.base_path = base_path
     # which implementation serves each device, now that the self-check may have set one aside; first
     # of build's entries, where environment.json has always had it
     trainer.environment["ops_backend"] = orsd_ops.backend()
@@ -153,6 +165,21 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
     return trainer, warm_losses
 
 
+def adapt(policy, config, resume_from, log=print):
+    """model.lora: the reference (and local verifier) as a view of the policy's base, then peft's
+    adapters in the policy, loaded from the checkpoint on resume. Returns the reference."""
+    reference = lora.base_view(policy)
+    trainable = lora.inject(policy, config.model.lora, config.optim.train_layers)  # LoraError names the key
+    if resume_from is not None:
+        lora.load_adapters(policy, resume_from)
+    total = sum(p.numel() for p in policy.parameters())
+    layers = lora.adapted_layers(policy, config.optim.train_layers)
+    where = f"the top {len(layers)} layers" if layers else "every layer"
+    log(f"update: LoRA rank {config.model.lora.rank} adapters in {where} ({trainable / 1e6:.2f}M of "
+        f"{total / 1e6:.1f}M parameters); the reference is the base without them (no copy)")
+    return reference
+
+
 def freeze_for_update(policy, config, autocast: str, distributed: bool = False, log=print) -> None:
     """optim.train_layers: freeze all but the top layers before any optimizer is built over the
     policy. Single-process, the frozen linears are then stored in the autocast dtype (autocast
@@ -164,6 +191,8 @@ def freeze_for_update(policy, config, autocast: str, distributed: bool = False, 
         return
     if not distributed:
         store_frozen_linears(policy, autocast)
+    if lora.enabled(config.model.lora):  # adapt() has said what trains
+        return
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     log(f"update: the top {config.optim.train_layers} decoder layers and the final norm "
         f"({trainable / 1e6:.1f}M of {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M parameters)")
@@ -214,7 +243,10 @@ def build_engine(config, policy, tokenizer, run_dir, dist=None):
 
     start = Path(run_dir or ".") / "checkpoints" / "vllm_start"
     if dist is None or dist.is_main:
-        policy.save_pretrained(start)
+        if lora.enabled(config.model.lora):  # vLLM knows the base architecture: the adapters merged in
+            lora.save_merged(policy, start)
+        else:
+            policy.save_pretrained(start)
         tokenizer.save_pretrained(start)
     if dist is not None:
         dist.barrier()

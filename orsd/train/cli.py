@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"orsd-train: {one_line(error)}", file=sys.stderr)
         return 2
+    except ConfigError as error:  # what only the loaded model can refuse (model.lora's target modules)
+        print(f"orsd-train: config error: {one_line(error)}", file=sys.stderr)
+        return 2
     if summary is not None:
         print(format_summary(summary))
     return 0
@@ -323,6 +326,34 @@ def eval_main(argv: list[str] | None = None) -> int:
     from orsd.train.evaluate import main as evaluate_main
 
     return evaluate_main(argv)
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """`orsd-export CHECKPOINT OUT`: a LoRA checkpoint's base with its adapters merged (peft's
+    merge_and_unload), written as a plain HF model directory with the tokenizer: what transformers
+    or vLLM load without peft (docs/lora.md)."""
+    import argparse
+
+    from orsd.train import lora
+    from orsd.train.model import load_policy, load_tokenizer
+
+    parser = argparse.ArgumentParser(prog="orsd-export", description=export_main.__doc__)
+    parser.add_argument("checkpoint", help="a LoRA checkpoint: runs/<run>/checkpoints/step_<k> of a model.lora run")
+    parser.add_argument("out", help="the merged model's directory (must not exist)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="dtype of the merged weights (default float32)")
+    args = parser.parse_args(argv)
+    if not lora.is_adapter_dir(args.checkpoint):
+        parser.exit(2, f"orsd-export: CHECKPOINT={args.checkpoint}: no {lora.ADAPTER_CONFIG}; expected the checkpoint "
+                       "of a model.lora run (a full-weight checkpoint is already an HF directory)\n")
+    if Path(args.out).exists():
+        parser.exit(2, f"orsd-export: OUT={args.out} exists; expected a new directory\n")
+    base = lora.saved_settings(args.checkpoint)["base"]
+    model = lora.merged(load_policy(base, args.dtype, "cpu"), args.checkpoint)
+    model.save_pretrained(args.out)
+    load_tokenizer(base).save_pretrained(args.out)
+    print(f"orsd-export: {args.checkpoint} merged into {base}, written to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ def load_tokenizer(path: str):
 
 def load_policy(path: str, dtype: str = "float32", device: str = "auto",
                 attn_implementation: str = "sdpa", seed: int = 0):
-    """The trainable policy (train mode is left to the caller).
+    """The trainable policy (train mode is left to the caller); from a LoRA checkpoint (model.lora),
+    its base with the adapters in (train/lora.py).
 
     On a CPU the checkpoint is read into memory rather than memory-mapped: weights whose dtype
     matches the file's stay views of the mapping, so the whole file stayed resident beside the
@@ -98,8 +99,17 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
     shard's size while it loads (the default run: 1.5 GB, long before its peak)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from . import lora
+
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype={dtype!r}: expected one of {sorted(DTYPES)}")
+    if not path.startswith("random:") and lora.is_adapter_dir(path):  # a LoRA checkpoint: base + adapters
+        base = lora.saved_settings(path)["base"]
+        if not base:
+            raise ValueError(f"{path}: {lora.ADAPTER_CONFIG} names no base_model_name_or_path")
+        model = load_policy(base, dtype, device, attn_implementation, seed)
+        lora.attach(model, path)
+        return model
     target = resolve_device(device)
     if path.startswith("random:"):
         spec = json.loads(Path(path[len("random:"):]).read_text())

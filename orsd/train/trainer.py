@@ -24,7 +24,7 @@ from orsd.methods import Advantages, BundleRequest, Method, make_method
 
 from . import bundles
 from . import delta as deltas
-from . import overlap, warmstart
+from . import lora, overlap, warmstart
 from .checkpoint import kill_point
 from .config import Config
 from .distributed import deepspeed_backward, gathered
@@ -92,6 +92,7 @@ class Trainer:
         self.lockstep = dist.max_int if dist else None
         self.replay_lockstep = dist.max_int if dist and dist.zero_stage == 3 else None
         self._reference_shares: dict[int, bool | None] = {}  # reference_shares_frozen, per split
+        self.base_path = config.model.path  # what model.lora's adapters adapt (build sets a warm start's)
 
     # -- Algorithm 1 -----------------------------------------------------------------------------
     def step(self, groups: list[Group] | None = None) -> StepResult:
@@ -330,7 +331,12 @@ class Trainer:
         return out
 
     def save_policy(self, path) -> None:
-        """An HF-loadable copy of the current policy; under ZeRO-3 all ranks gather, rank 0 writes."""
+        """An HF-loadable copy of the current policy (with model.lora: its adapters in peft's format,
+        on `self.base_path`); under ZeRO-3 all ranks gather, rank 0 writes."""
+        if lora.enabled(self.config.model.lora):  # ZeRO-2 at most: every rank holds the adapters whole
+            if self.rank == 0:
+                lora.save_adapters(self.policy, self.config.model.lora, self.base_path, path)
+            return
         with gathered(*self.policy.parameters()) if self.dist and self.dist.zero_stage == 3 else nullcontext():
             if self.rank == 0:
                 self.policy.save_pretrained(path)

@@ -227,6 +227,38 @@ def test_weight_push_through_shared_memory_files(engine, tiny):
     engine.sync_weights(policy)
 
 
+def test_a_lora_policy_is_pushed_with_its_adapters_merged(engine, tiny):
+    """model.lora: the policy holds peft's LoRA layers; the push merges W + scaling·B·A under the base
+    names vLLM knows, and vLLM generates what the adapted HF policy generates."""
+    from orsd.engines.weight_sync import named_tensors
+    from orsd.train import lora
+
+    _, tokenizer, policy = tiny
+    prompts = prompts_of(tokenizer)
+    greedy = Sampling(greedy=True, max_new_tokens=20)
+    before = engine.generate(prompts, greedy)
+    adapted = copy.deepcopy(policy)
+    torch.manual_seed(0)
+    lora.inject(adapted, type("Lora", (), {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": []})())
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    adapted.eval()
+    names = [name for name, _ in named_tensors(adapted)]
+    assert names == [name for name, _ in policy.named_parameters()]  # the base's names, nothing of the adapters
+    engine.sync_weights(adapted)
+    expected = HfEngine(adapted, tokenizer).generate(prompts, greedy)
+    after = engine.generate(prompts, greedy)
+    assert [g.ids for g in after] == [g.ids for g in expected]
+    assert [g.ids for g in after] != [g.ids for g in before]
+    for a, b in zip(after, expected):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=LOGPROB_TOLERANCE, rtol=0)
+    engine.sync_weights(policy)
+    assert [g.ids for g in engine.generate(prompts, greedy)] == [g.ids for g in before]
+
+
 @pytest.mark.filterwarnings("ignore:.*all_gather_into_tensor.*:FutureWarning")  # inside deepspeed's gather
 def test_zero3_policy_is_pushed_bucket_by_bucket(engine, tiny, monkeypatch):
     """A ZeRO-3 partitioned policy (1 process, gloo) is gathered one bucket at a time and pushed."""

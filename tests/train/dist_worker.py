@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 import torch  # noqa: E402
 
-from orsd.train import distributed  # noqa: E402
+from orsd.train import distributed, lora  # noqa: E402
 from orsd.train.model import frozen_copy, load_policy, load_tokenizer  # noqa: E402
 from orsd.train.build import make_env  # noqa: E402
 from orsd.train.trainer import Trainer  # noqa: E402
@@ -32,7 +32,12 @@ def main(model_dir: str, out: str, steps: int, zero_stage: int, *overrides: str)
     dist = distributed.setup(config)
     tokenizer = load_tokenizer(model_dir)
     policy = load_policy(model_dir, device="cpu")
-    reference = frozen_copy(policy)
+    if config.model.lora.rank:  # as build.adapt: the base view, then peft's adapters
+        reference = lora.base_view(policy)
+        torch.manual_seed(0)
+        lora.inject(policy, config.model.lora, config.optim.train_layers)
+    else:
+        reference = frozen_copy(policy)
     freeze_for_update(policy, config, "", distributed=dist is not None, log=lambda *_: None)  # as build() does
     verifier = build_verifier(config, reference, tokenizer)
     engine = ScriptedEngine(policy, tokenizer, fully_scripted=True)

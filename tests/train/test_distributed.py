@@ -31,6 +31,29 @@ def run_worker(args, world_size, port):
 
 
 @pytest.mark.slow
+def test_lora_adapters_train_under_zero2_on_two_ranks_as_on_one(tiny_smol_dir, tmp_path):
+    """model.lora under ZeRO-2 (gloo, 2 ranks): the adapters move as on one process, the base does not."""
+    single, double = tmp_path / "single.pt", tmp_path / "double.pt"
+    args = ["model.lora.rank=4", "optim.train_layers=0"]
+    run_worker([str(tiny_smol_dir), str(single), "1", "2", *args], 1, 0)
+    run_worker([str(tiny_smol_dir), str(double), "1", "2", *args], 2, 29561)
+    a, b = torch.load(single, weights_only=False), torch.load(double, weights_only=False)
+    assert (a["world_size"], b["world_size"]) == (1, 2)
+    assert a["weights"].keys() == b["weights"].keys()
+    for name, value in a["weights"].items():
+        assert torch.allclose(value, b["weights"][name], atol=1e-4, rtol=0), name
+    initial = load_file(next(tiny_smol_dir.glob("*.safetensors")))
+    base = {name: value for name, value in a["weights"].items() if "lora_" not in name}
+    assert all(torch.equal(value, initial[name.replace(".base_layer", "")].to(value.dtype))
+               for name, value in base.items() if name.replace(".base_layer", "") in initial)
+    assert any("lora_B" in name and value.abs().max() > 0 for name, value in a["weights"].items())
+    ma, mb = a["metrics"][0], b["metrics"][0]
+    assert ma["kl"] == mb["kl"] == 0.0  # B = 0 before the first update: the policy is its base
+    for key in ("loss", "pg_loss", "delta_mean", "grad_norm"):
+        assert ma[key] == pytest.approx(mb[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_stage,train_layers", [(2, 0), (3, 0), (2, 1)])
 def test_two_ranks_equal_one(zero_stage, train_layers, tiny_smol_dir, tmp_path):
     """(2, 1): optim.train_layers=1 of 2, the lower layer frozen under ZeRO-2 too."""

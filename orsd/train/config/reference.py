@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from typing import Any
 
 from .rules import Allowed
-from .schema import Config
+from .schema import Config, leaf_fields
 
 
 class FieldDoc(typing.NamedTuple):
@@ -24,17 +23,13 @@ class FieldDoc(typing.NamedTuple):
 def field_docs() -> list[FieldDoc]:
     """One row per field: the source of --help-config, docs/config.md and the config tests."""
     rows = []
-    root = Config()
-    for section in dataclasses.fields(root):
-        sub = getattr(root, section.name)
-        hints = typing.get_type_hints(type(sub))
-        for f in dataclasses.fields(sub):
-            tname = getattr(hints[f.name], "__name__", str(hints[f.name]))
-            allowed = f.metadata.get("allowed", Allowed())
-            words = (allowed.describe(hints[f.name] is int) if allowed.declared
-                     else "true | false" if tname == "bool" else f"any {tname}")
-            rows.append(FieldDoc(f"{section.name}.{f.name}", tname, getattr(sub, f.name), f.metadata.get("help", ""),
-                                 words, bool(f.metadata.get("resumable")), allowed))
+    for key, f, value, hint in leaf_fields(Config()):
+        tname = getattr(hint, "__name__", str(hint))
+        allowed = f.metadata.get("allowed", Allowed())
+        words = (allowed.describe(hint is int) if allowed.declared
+                 else "true | false" if tname == "bool" else f"any {tname}")
+        rows.append(FieldDoc(key, tname, value, f.metadata.get("help", ""), words, bool(f.metadata.get("resumable")),
+                             allowed))
     return rows
 
 

