@@ -19,7 +19,7 @@ LORA = ("model.lora.rank=4", "model.lora.alpha=8")
 
 
 def adapted(model_dir, *overrides, seed=0):
-    """A policy from `model_dir` with adapters whose B is not zero (as after some training), and its config."""
+    """The config of a LoRA step on `model_dir` and the base policy (adapters not yet injected)."""
     config = small_config(f"model.path={model_dir}", *LORA, *overrides)
     policy = load_policy(str(model_dir))
     torch.manual_seed(seed)
@@ -58,8 +58,10 @@ def test_the_reference_is_the_base_without_a_copy_and_the_kl_starts_at_zero(tiny
     result = trainer.step()
     assert result.metrics["kl"] == 0.0  # B = 0: the policy's log-probs are the base's to the bit
     assert result.metrics["grad_norm"] > 0
-    # the step moved the adapters (B) and nothing else; the reference did not move
+    # the step moved the adapters (B) and nothing else, so the policy has left its reference
+    base = {n: p.detach().clone() for n, p in reference.named_parameters()}
     assert trainer.step().metrics["kl"] > 0
+    assert all(torch.equal(p, base[n]) for n, p in reference.named_parameters())
 
 
 @pytest.mark.parametrize("method, top", [("orsd", 0), ("grpo", 0), ("orsd", 1)])
