@@ -102,12 +102,11 @@ class TreeSampler(threading.Thread):
                 self.peak, self.peak_at = rss, time.perf_counter() - self.start_time
 
 
-def run(run_dir: Path, overrides: list[str]) -> dict:
-    host = cpu_description()
-    steal = steal_seconds()
+def timed_train(arguments: list[str], env: dict | None = None) -> tuple[float, object, TreeSampler]:
+    """`python -m orsd.train.cli ARGUMENTS` as a child: (wall seconds, its rusage, the RSS sampler
+    of its process tree); a failed run stops the benchmark."""
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "orsd.train.cli", "--run-dir", str(run_dir),
-                              "train.report=false", *overrides])
+    child = subprocess.Popen([sys.executable, "-m", "orsd.train.cli", *arguments], env=env)
     sampler = TreeSampler(child.pid)
     sampler.start()
     _, status, usage = os.wait4(child.pid, 0)
@@ -116,6 +115,13 @@ def run(run_dir: Path, overrides: list[str]) -> dict:
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"orsd-train failed with status {os.waitstatus_to_exitcode(status)}")
+    return wall, usage, sampler
+
+
+def run(run_dir: Path, overrides: list[str]) -> dict:
+    host = cpu_description()
+    steal = steal_seconds()
+    wall, usage, sampler = timed_train(["--run-dir", str(run_dir), "train.report=false", *overrides])
     summary = json.loads((run_dir / "summary.jsonl").read_text().splitlines()[-1])
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     environment = json.loads((run_dir / "environment.json").read_text())

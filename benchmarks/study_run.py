@@ -20,12 +20,10 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from default_run import TreeSampler, cpu_description, steal_seconds
+from default_run import cpu_description, steal_seconds, timed_train
 
 RESULTS = Path(__file__).parent / "results" / "study_run"
 CONFIG = Path(__file__).parent.parent / "configs" / "cpu_study.yaml"
@@ -69,17 +67,7 @@ def launch(run_dir: Path, overrides: list[str], code: str | None) -> dict:
     env = dict(os.environ)
     if code:
         env["PYTHONPATH"] = str(Path(code).resolve())
-    start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "orsd.train.cli", "--config", str(CONFIG),
-                              "--run-dir", str(run_dir), *overrides], env=env)
-    sampler = TreeSampler(child.pid)
-    sampler.start()
-    _, status, usage = os.wait4(child.pid, 0)
-    sampler.stop.set()
-    sampler.join()
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"orsd-train failed with status {os.waitstatus_to_exitcode(status)}")
+    wall, usage, sampler = timed_train(["--config", str(CONFIG), "--run-dir", str(run_dir), *overrides], env)
     return {"machine": {**host, "load_average_after": list(os.getloadavg()),
                         "steal_seconds_during_run": steal_seconds() - steal},
             "code": code or "this checkout", "peak_rss_mib": usage.ru_maxrss / 1024,
