@@ -17,21 +17,15 @@ Why not `generate`: it decides what is sampled in ways the config does not say (
 applies its default top_k=50 when given none), and it prefills every row even where prompts repeat.
 Here the sampling is exactly the config's, and with the same seed the ids are those transformers
 samples with the same settings (tests/engines/test_engines.py checks greedy, temperature, top-k,
-top-p and the n-gram ban against it). Per step it is only a little faster: on the 2-core CPU
-(SmolLM2-135M, bf16 autocast) 0–13% in isolation (6 rollout rows: 6.2 → 5.9 s for 40 tokens; 4
-bundle rows with the n-gram ban: within noise); the model's forward is the same.
+top-p and the n-gram ban against it). Per step it is only a little faster, since the model's
+forward is the same; the gain is in the prefill.
 
 Repeated prompts in a batch (the M bundles of a group share one prompt; a group's N episodes share
 their first turn's) are prefilled once and their keys/values copied to every row that asks for them;
 distinct prompts are prefilled once, a prefix they share once (engines/prefill.py). The
 decode steps take the logits from the decoder's last hidden state and the LM head directly
-(`next_token_head`), with a frozen fp32 head cast once per call instead of at every step. Both
-together, on the 2-core CPU under bf16 autocast (same process, alternating, libgomp's default
-threads): a rollout turn of 6 WebShop prompts of one task (209–573 tokens, 40 new tokens) 9.1–10.2
-s → 4.6–7.1 s, 4 bundle rows (2 prompts of 734 and 819 tokens, up to 128 tokens) 19.8–20.0 s →
-14.1–15.2 s for as many tokens; the default run's step-1 rollout under orsd-train's sleeping
-threads 24.1–24.4 → 22.2–22.9 s when the warm start ran in the same process
-(docs/performance-history.md). A model whose head or cache this cannot serve (a biased or rescaled
+(`next_token_head`), with a frozen fp32 head cast once per call instead of at every step. A
+model whose head or cache this cannot serve (a biased or rescaled
 head, sliding-window layers) takes the left-padded batched prefill and the model's own forward.
 """
 
@@ -70,8 +64,8 @@ def next_token_head(model):
     no plain head.
 
     Autocast caches its cast of a weight only while the weight requires grad, so a frozen fp32
-    head (a head tied to embeddings that optim.train_layers froze) was cast at every decode step:
-    on the 2-core CPU 22 ms of a ~0.1 s step for SmolLM2's 49,152 × 576 head. The cast here rounds
+    head (a head tied to embeddings that optim.train_layers froze) would be cast at every decode
+    step, a sizeable share of a small model's step on a CPU. The cast here rounds
     as autocast does, so the logits are the same."""
     head = lm_head_of(model)
     if head is None:
@@ -168,8 +162,8 @@ def _top_p_by_values(scores: torch.Tensor, top_p: float) -> torch.Tensor | None:
     position is always kept). The cumulative depends only on the sorted values, which are the
     same sequence whichever sort produced them, so k is the same; the removed tokens are then
     exactly those scoring below the value at k, unless the value before k equals it (a tie across
-    the cut, where torch.sort's order of equal scores decides). torch.sort orders indices too: for
-    4 rows of SmolLM2's 49,152 scores 7–12 ms against numpy's 0.6–1.1 ms, at every bundle token."""
+    the cut, where torch.sort's order of equal scores decides). torch.sort orders indices too,
+    several times slower than numpy's sort of the values, at every bundle token."""
     rows = scores.detach().contiguous()
     if bool(torch.isnan(rows).any()):
         return None
@@ -254,7 +248,7 @@ def choose(raw: torch.Tensor, sampling, temperature: float, ban=None,
 
     `inverse_cdf` samples by one uniform per row against the cumulative probabilities instead of
     `torch.multinomial` (transformers' draw, whose random stream the plain loop keeps): the same
-    distribution, and on the 2-core CPU 1.1 instead of 57 ms for 36 rows of 49,152 tokens.
+    distribution, drawn far faster on a CPU.
     `gumbel` [n, V] (keyed sampling, `KeyedNoise`): the argmax of the filtered scaled scores plus
     that noise instead, the global generator untouched."""
     scores = raw.clone() if ban is not None else raw  # the ban writes in place; the rest copies

@@ -4,9 +4,8 @@ With `warm_start.train_layers` or `optim.train_layers` set, the bottom decoder l
 embeddings) never change, so what they compute for a sequence is the same at every later forward.
 The warm start runs them once per demonstration (`prefill.bottom_states`, along the prefix tree)
 and every epoch only the fitted layers on top of those states; the plain replay pass hands its
-records' states to the reference pass and the update (train/replay.py). On the default shape
-(2-core CPU, SmolLM2-135M, 15 of 30 layers fitted, 2 epochs over 61 demonstrations of ~27,600
-tokens) the bottom layers' forward was 18–20 s of each ~105 s epoch.
+records' states to the reference pass and the update (train/replay.py). Each epoch then skips
+the frozen layers' forward, a fixed share of its time (docs/performance.md has the figure).
 
 `layer_range(decoder, start, stop)` makes the decoder run layers [start, stop) alone: its layer
 list, its config's layer count and layer types, and every layer's `layer_idx` (the index of its

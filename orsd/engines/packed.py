@@ -2,10 +2,8 @@
 
 Under CPU bf16 autocast every `F.linear` hands oneDNN a plain row-major weight, which it reorders
 into its blocked (AMX / AVX-512-BF16) layout before multiplying, at every call. For a decode step's
-few rows that reorder is a third of the matmul: on the idle 2-core Xeon one [4, 576] × [576, 1536]
-matmul takes 118 µs with the weight plain and 77 µs packed, SmolLM2's LM head 3.5–4.0 ms and
-2.2–2.4 ms; a decode step of 4 rows × ~800 cached tokens 127–166 ms and 107–123 ms (same process,
-alternating). `packed_linears` reorders each weight once
+few rows that reorder is a large share of the matmul (docs/performance.md). `packed_linears` reorders
+each weight once
 (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing uses) and runs the small
 matmuls on the packed copy; the results are bitwise those of autocast's matmul (tests check it).
 
@@ -41,8 +39,8 @@ def packs_bf16() -> bool:
     """Whether oneDNN packs a bf16 weight on this CPU: it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT and
     refuses otherwise ("bf16 path needs the cpu support ..."). Asked of oneDNN itself with one small
     weight, once per process, rather than read from flags that torch does not expose. On an AVX2-only
-    CPU a run that asks for `model.autocast: bfloat16` (auto picks fp32 there) decoded with the
-    model's own forwards instead of stopping at the first bundle (2026-12-04)."""
+    CPU a run that asks for `model.autocast: bfloat16` (auto picks fp32 there) then decodes with the
+    model's own forwards instead of stopping at the first bundle."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:

@@ -81,8 +81,8 @@ class PrefixCache:
         """`kv`: keys and values per layer ([KV, L, D] each) of all L positions of `sequence`,
         copied here (a view would keep its whole batch's cache alive), the keys in the values'
         dtype: under bf16 autocast they leave the rotary embedding in f32, and the forwards that
-        read them cast them to bf16 anyway (_stacked), so a third fewer bytes are held (~250 MB
-        on the default step's 28 kept sequences). A sequence's layers share one buffer where their
+        read them cast them to bf16 anyway (_stacked), so a third fewer bytes are held. A
+        sequence's layers share one buffer where their
         shapes agree: one allocation instead of ~60 small ones scattered over the heap."""
         self.sequences.append(sequence)
         shape = kv[0][1].shape

@@ -5,8 +5,8 @@ prefill, and the hidden states that replay, the reference pass, the update and t
 A rollout turn's prompts share a lot: a group's episodes start from the same system prompt, task
 and first observation (~230 of ~300–570 tokens on the default WebShop shape), and the group's
 first turn is the same prompt N times. Prefilled as one left-padded batch, every row also paid
-for the padding up to the longest prompt: on the 2-core CPU a turn of 6 such prompts
-(231–573 tokens) took 4.6 s to prefill, about as long as its 40 decode steps.
+for the padding up to the longest prompt, and on a CPU that prefill cost about as much as the
+turn's decode steps.
 
 Here the distinct prompts form a prefix tree (`prefix_tree`): a node holds the tokens all its
 prompts share beyond its parent's. A chain of segments, following the child with the most prompts
@@ -93,8 +93,7 @@ def distinct_rows(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
 
 
 #: padding a leaf batch may add beyond a quarter of its tokens: about what one more forward costs
-#: (a forward reads every weight once; on the 2-core CPU a 2-token forward of SmolLM2-135M took
-#: ~55 ms, each further token ~0.6 ms)
+#: (a forward reads every weight once, so a short forward costs as much as ~100 further tokens)
 PAD_TOKENS = 96
 
 
@@ -220,7 +219,7 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
     finally:
         # `visit` calls itself through this frame's cell, a reference cycle that held every cell of the
         # frame (on_leaf, and the hidden states and kept keys/values it fills) until Python's cycle
-        # collector ran: on the default run ~290 MB stayed resident after each step's rubric pass
+        # collector ran, so a rubric pass's kept keys/values stayed resident after it
         del visit
 
 

@@ -66,8 +66,8 @@ def score_task(model, replies: list[Reply], rubric_ids: dict[str, list[int] | No
 
 def score_all(model, replies: list[Reply], ids_per_task: list[dict[str, list[int] | None]], config,
               progress=None) -> Scores:
-    """score_task for every task's replies, one task at a time (the kept keys/values of a task's
-    ~30 records are ~0.8 GB in fp32 for SmolLM2-135M; all tasks at once would not fit)."""
+    """score_task for every task's replies, one task at a time (the kept keys/values of every
+    task's records at once would not fit in memory)."""
     out = Scores(plain=[None] * len(replies), kinds={k: [None] * len(replies) for k in ids_per_task[0]})
     for task, ids in enumerate(ids_per_task):
         members = [i for i, reply in enumerate(replies) if reply.task == task]

@@ -21,8 +21,7 @@ from .registration import ENDPOINTS, family, role
 #: power at which the minimum detectable difference is given
 POWER = 0.8
 #: rliable's bootstrap resamples: every one re-runs scipy's trimmed mean (or one Mann-Whitney test per
-#: task), ~0.4 ms each; 2,000 keep the interval's ends within ~0.01 of 10,000's and a 6-arm report
-#: within seconds
+#: task); 2,000 keep the interval's ends close to 10,000's and a report within seconds
 RESAMPLES = 2_000
 
 

@@ -36,7 +36,7 @@ def build_verifier(config, frozen_model, tokenizer):
 
 
 def import_model_code() -> None:
-    """Imports transformers' model-loading code ahead of `load_policy` (3.2 s on the 2-core CPU). An
+    """Imports transformers' model-loading code ahead of `load_policy` (seconds on a small CPU). An
     import that fails here fails again where the model loads, which reports it."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
@@ -99,8 +99,8 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
     in_child = (resume_from is None and config.warm_start.enabled
                 and runs_in_child(config, where, dist is not None))
     if in_child:  # before this process loads any weights: the child's peak and ours are resident together
-        # meanwhile this process imports the model-loading code it will need: ~3 s of a core that the
-        # child's single-threaded start leaves free, for ~180 MiB beside the child (docs/training.md)
+        # meanwhile this process imports the model-loading code it will need, on a core that the
+        # child's single-threaded start leaves free, at the price of that code's memory beside the child
         imports = threading.Thread(target=import_model_code, name="orsd-imports", daemon=True)
         imports.start()
         with contextlib.nullcontext(reference_dir) if reference_dir else tempfile.TemporaryDirectory() as out:

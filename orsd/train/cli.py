@@ -72,9 +72,8 @@ def sleeping_openmp_threads() -> None:
     libgomp reads this once, when torch loads it, so it must run before torch is imported.
 
     torch's threads otherwise spin between parallel regions, and on cores another process also
-    wants a spinning thread holds the core its partner needs: with other jobs on this 2-core box,
-    150 [4, 576] x [576, 1536] matmuls (one decode step's weights) took 0.5-3.4 s on 2 spinning
-    threads and 0.09-0.15 s on 2 sleeping ones (0.09 s on 1 thread)."""
+    wants a spinning thread holds the core its partner needs, and a decode step's small matmuls
+    then wait for it (docs/performance.md, a shared machine)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

@@ -94,9 +94,8 @@ def load_policy(path: str, dtype: str = "float32", device: str = "auto",
 
     On a CPU the checkpoint is read into memory rather than memory-mapped: weights whose dtype
     matches the file's stay views of the mapping, so the whole file stayed resident beside the
-    copies casting and the optimizer make (the default run's training process, loading the warm start's f32
-    checkpoint: 525 MB of file pages for the run's whole life). The price is a moment at twice a
-    shard's size while it loads (the default run: 1.5 GB, long before its peak)."""
+    copies casting and the optimizer make, for the run's whole life. The price is a moment at
+    twice a shard's size while it loads, long before the run's peak."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from . import lora
@@ -153,8 +152,8 @@ def frozen_copy(model, matmul_dtype: str = ""):
     deepcopy also copies each parameter's `.grad`; a frozen copy never uses one, so none is kept
     (after a warm start that was a hidden second copy of the policy's size). With `matmul_dtype`
     (the run's autocast dtype) the linear layers' weights are stored in it: autocast casts them to it
-    before every matmul anyway, so under autocast the results are the same and SmolLM2's copy shrinks
-    from 540 to 330 MB; embeddings, norms and a head tied to the embeddings keep their dtype. Such a
+    before every matmul anyway, so under autocast the results are the same and the copy is smaller;
+    embeddings, norms and a head tied to the embeddings keep their dtype. Such a
     copy must then only run under that autocast."""
     clone = copy.deepcopy(model)
     clone.eval()
@@ -169,7 +168,7 @@ def share_frozen(policy, reference) -> int:
     """Make the reference's embeddings and bottom decoder layers the policy's own parameter tensors
     where the policy keeps them frozen (optim.train_layers) and both hold the same values in the
     same dtype (the reference was copied from the policy and neither trains them): one copy
-    resident instead of two, ~220 MB for SmolLM2-135M with 15 of 30 layers trained. Module objects
+    resident instead of two. Module objects
     stay apart (a caller sets state on modules: eval mode, the attention implementation). Returns
     how many layers are shared (0: nothing, e.g. every layer trains or the values differ)."""
     from orsd.engines import frozen
@@ -248,8 +247,7 @@ def freeze_below(model, top: int, key: str) -> dict | None:
 def release_memory() -> None:
     """Hand memory freed by a phase (warm start, update) back to the OS. glibc keeps freed heap
     pages resident for reuse; after a phase whose tensors had other sizes than the next one's they
-    are seldom reused, and the run's RSS only grew (the default run: 6.2 GB resident after its
-    warm start with 2.1 GB live)."""
+    are seldom reused, and the run's RSS would only grow."""
     gc.collect()
     trim_heap()
 
@@ -257,9 +255,8 @@ def release_memory() -> None:
 def trim_heap() -> None:
     """malloc_trim: return every free heap page to the OS (a no-op off glibc). Called after every
     micro-batch, decode call, replay batch and stage too: each frees tensors of other sizes than the
-    next allocates, and the pages glibc kept for them made the default run's RSS creep up within a
-    phase (peak 4.6 GB without, 3.8 GB with; a trim after each of a rollout's generate calls cost
-    nothing measurable, 17.4-21.0 s vs 17.6-19.8 s for three turns)."""
+    next allocates, and the pages glibc kept for them made the run's RSS creep up within a phase;
+    a trim costs nothing measurable."""
     global _LIBC
     try:
         _LIBC = _LIBC or ctypes.CDLL(None)  # once: each CDLL is a small reference cycle of its own

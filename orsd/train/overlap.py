@@ -1,18 +1,12 @@
 """Writing bundles beside the plain pass (`replay.overlap`).
 
-On a CPU a decode step is no faster on two threads than on one: on the 2-core AMD EPYC
-(2026-12-03) a 4-row, 128-token bundle decode took 8.8–10.1 s on one thread and 8.7–11.0 s on two
-(same process, alternating). The plain-context replay does not depend on the bundles, so while one
-core writes them the other runs it; the verifier, the rubric pass, the reference pass and the update
-come after, on both cores. The reference pass ran beside the bundles too until 2026-12-05, after the
-plain pass on the same thread: with speculative bundle decoding the decode (5.4–6.1 s) and the plain
-pass on one thread (5.8–6.2 s) now end together, so the reference pass there only lengthened the
-window (9.0–9.5 s), where on both threads afterwards it takes 2.1–2.3 s (8.1–8.5 s in all; AVX-512-BF16
-AMD EPYC, alternating in one process; docs/training.md).
-On the Intel Xeon of 2026-12-02, a decode and a plain pass side by side had been slower than
-one after the other (24.0 against 18.6 s); on the same kind of Xeon on 2026-12-06, with the code of
-that day, side by side was faster (ORSD's bundles and replay 8.4–10.0 s against 10.5–11.3 s).
-`replay.overlap=false` turns this off.
+On a CPU a decode step is no faster on two threads than on one, while a forward pass is. The
+plain-context replay does not depend on the bundles, so while one core writes them the other runs
+it; the verifier, the rubric pass, the reference pass and the update come after, on both cores.
+The reference pass stays out of this window: with speculative bundle decoding the decode and the
+plain pass on one thread end together, so a reference pass there would only lengthen the window,
+and on both threads afterwards it is short. Whether side by side beats one after the other depends
+on the CPU (docs/performance.md has the figures); `replay.overlap=false` turns this off.
 
 The bundle writer decodes with a `twin` of its model: module objects of its own over the same
 parameter and buffer tensors, because decoding sets state on modules (eval mode, the attention

@@ -15,8 +15,7 @@ from .cpu_quota import cpu_quota, threads_for
 
 #: oneDNN primitives kept for reuse (its default: 1,024). One forward and backward of the model asks
 #: for a few dozen distinct shapes; every other call has new sequence lengths, so a larger cache
-#: only holds memory: on the default run 1,024 kept ~270 MB more resident by step 2 (in-use heap
-#: 1,660 vs 1,436 MB) for no measurable speed (0 is 3-4x slower: every matmul re-JITs its kernel).
+#: only holds memory for no measurable speed (0 is slower: every matmul re-JITs its kernel).
 ONEDNN_CACHE_CAPACITY = 64
 
 
@@ -50,10 +49,9 @@ def configure_threads(threads: int) -> Threads:
 
 
 # -- model.autocast=auto ----------------------------------------------------------------------------
-# bf16 autocast is 1.5-3x faster than fp32 where the CPU has bf16 dot-product instructions, and
-# 10-30x slower where it has not (the issue-13 machine: AVX2 only, one 512x576 @ 576x1536 matmul
-# 2,522 ms in bf16 vs 75.6 ms in fp32), so `auto` never assumes: it reads the CPU's flags and,
-# without them, measures.
+# bf16 autocast is faster than fp32 where the CPU has bf16 dot-product instructions, and many times
+# slower where it has not (oneDNN emulates it), so `auto` never assumes: it reads the CPU's flags
+# and, without them, measures.
 
 #: /proc/cpuinfo flags of x86 CPUs that run bf16 matmuls natively (oneDNN uses them for autocast)
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -102,9 +100,7 @@ def native_bf16(flags: set[str] | None = None) -> list[str]:
 def onednn_isa_cap() -> str | None:
     """The instruction-set cap set for oneDNN (`ONEDNN_MAX_CPU_ISA`, or its older name
     `DNNL_MAX_CPU_ISA`), which runs autocast's CPU matmuls, or None. Capped below the bf16 sets on a
-    CPU that has them, oneDNN emulates bf16 like an AVX2 CPU does (an AMX Xeon with
-    ONEDNN_MAX_CPU_ISA=AVX2, 2026-12-06: one 512x576 @ 576x1536 matmul 571 ms in bf16 against 3 ms
-    in fp32, where uncapped bf16 took 1 ms)."""
+    CPU that has them, oneDNN emulates bf16 like an AVX2 CPU does, many times slower than fp32."""
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         value = os.environ.get(name, "").strip()
         if value:

@@ -108,8 +108,8 @@ def paired_replay(model, records: list[TurnRecord], record_advantages: list[floa
     is that pass when it already ran (plain_replay on the same records: the trainer runs it beside
     the bundle writing). `replay` (ReplaySpec) says how the passes run; its `share_prefix`: each pass
     along its own prefix tree (engines/prefill.py), so what records share (the system prompt, a
-    group's task and first observation, the context up to each turn's slot) is forwarded once: on the default shape 9,817 → 3,732 tokens for the plain
-    pass. The rubric pass is a separate tree, so the plain log-probs never depend on which records
+    group's task and first observation, the context up to each turn's slot) is forwarded once.
+    The rubric pass is a separate tree, so the plain log-probs never depend on which records
     have a rubric (GRPO's replay is the same plain pass; ORSD at α = 0 gives its numbers bit for
     bit, in bf16 on a CPU only on the same thread count, which replay.overlap changes). Not under
     ZeRO-3 (`lockstep`), whose ranks must run equal forwards. `reuse_frozen` (with share_prefix):

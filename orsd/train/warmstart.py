@@ -115,8 +115,8 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
 def frozen_base(model, demos: list[Demo], precision: str, token_budget: int) -> tuple | None:
     """(split, per demonstration the states entering layer `split`) when the bottom `split` layers and
     the embeddings are frozen and the model's layers can be run apart (engines/frozen.py); else None.
-    What the frozen layers compute for a demonstration is the same in every epoch: on the default
-    run their forward was 18-20 s of each ~105 s epoch."""
+    What the frozen layers compute for a demonstration is the same in every epoch, so it is computed
+    once."""
     split = frozen.frozen_layers(model)
     # under gradient checkpointing the fitted layers run again in the backward, after layer_range
     # has given them back their own cache indices
@@ -266,10 +266,9 @@ def run_warm_start_in_child(config, out_dir, log=print):
     tokenizer) to `out_dir`, for the caller to load. Returns the fit's losses and the precision the
     child resolved for model.autocast (a probe is a measurement: the run keeps its one decision).
 
-    Why a process: in-process, the 2-core CPU default run's reference pass took 9.0-9.7 s after the
-    fit against 5.4-6.2 s in a process that had only loaded the same fitted weights (4x the minor
-    page faults, yet mostly user time; a bf16 matmul alone was barely slower). Whatever state the
-    fit leaves in the allocator, a process that ends takes it along. Any ops this process's
+    Why a process: on a CPU the RL stages ran slower in the process that had run the fit than in
+    one that had only loaded the fitted weights (docs/warmstart.md). Whatever state the fit leaves
+    in the allocator, a process that ends takes it along. Any ops this process's
     self-check set aside are set aside in the child too, and it runs on as many threads."""
     import orsd
     from orsd.ops import _backend
