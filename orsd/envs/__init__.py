@@ -48,12 +48,13 @@ def option_names(name: str, backend: str = "generated") -> tuple[str, ...]:
     return (*names, "backend") if name == "webshop" else names
 
 
-def from_config(env) -> Env:
-    """`make` from a run config's `env` section (name, split, seed, options, max_actions)."""
+def from_config(env, split: str | None = None) -> Env:
+    """`make` from a run config's `env` section (name, split, seed, options, max_actions), on
+    `split` when given (a held-out split)."""
     options = dict(env.options)
     if env.max_actions:
         options.setdefault("max_actions", env.max_actions)
-    return make(env.name, split=env.split, seed=env.seed, **options)
+    return make(env.name, split=split or env.split, seed=env.seed, **options)
 
 
 def make(name: str, split: str = "train", seed: int = 0, **options: Any) -> Env:

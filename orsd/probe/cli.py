@@ -129,19 +129,18 @@ def run(args, config, argv: list[str]) -> dict:
     from tqdm.auto import tqdm
 
     from orsd import envs
-    from orsd.engines.base import Sampling
     from orsd.envs.prompts import prompt_templates
     from orsd.train.build import build_verifier
     from orsd.train.config import to_dict
     from orsd.train.evaluate import eval_tasks, make_eval_env
     from orsd.train.model import autocast, load_policy, load_tokenizer
     from orsd.train.precision import configure_threads, resolve_autocast
-    from orsd.train.rollout import rollout
+    from orsd.train.rollout import Episodes, rollout
 
     from . import kinds, report, scoring, states as probe_states, stats, summary
 
     started, seconds = time.perf_counter(), {}
-    m, r, e = config.model, config.rollout, config.env
+    m, e = config.model, config.env
     host = machine()
     configure_threads(m.threads)
     host["threads"] = torch.get_num_threads()
@@ -167,9 +166,7 @@ def run(args, config, argv: list[str]) -> dict:
             f"{sum(r.role == 'wrong' for r in replies)} wrong replies; the policy's rollouts next")
         mark = time.perf_counter()
         engine = make_engine(policy, tokenizer, config)
-        groups = rollout(engine, tokenizer, env, tasks, args.samples,
-                         Sampling(r.temperature, r.top_p, r.max_new_tokens, top_k=r.top_k), r.max_context_tokens,
-                         e.max_actions, e.max_history_turns, f"probe{args.seed}", 0, templates, config.rubric.placement)
+        groups = rollout(engine, tokenizer, env, tasks, Episodes.from_config(config, args.samples), f"probe{args.seed}")
         replies += probe_states.policy_replies(groups, shadow)
         seconds["rollouts"] = time.perf_counter() - mark
         say(f"{args.samples} rollouts per task in {seconds['rollouts']:.0f} s; bundles, verifier and selection next")

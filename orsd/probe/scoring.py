@@ -33,11 +33,6 @@ class Scores:
         return self.plain[reply] if context == "plain" else self.kinds[context][reply]
 
 
-def fits(record, ids: list[int] | None, max_context_tokens: int) -> bool:
-    """Trainer.paired_replay's rule for splicing a record: a slot, and room within the context budget."""
-    return ids is not None and record.rubric_slot >= 0 and record.num_tokens + len(ids) <= max_context_tokens
-
-
 def score_task(model, replies: list[Reply], rubric_ids: dict[str, list[int] | None], config) -> Scores:
     """One task's replies under the plain context and every kind in `rubric_ids` (kind -> ids)."""
     r, rp = config.rollout, config.replay
@@ -51,7 +46,7 @@ def score_task(model, replies: list[Reply], rubric_ids: dict[str, list[int] | No
     out = Scores(plain=[plain.old_logprobs[a:b].numpy().astype(np.float64) for a, b in spans])
     for kind, ids in rubric_ids.items():
         plain.prefixes = kept  # paired_replay releases it after its rubric pass
-        spliced = [ids if fits(rec, ids, r.max_context_tokens) else None for rec in records]
+        spliced = [ids if rec.takes(ids, r.max_context_tokens) else None for rec in records]
         result = paired_replay(model, records, [0.0] * len(records), spliced, config.rubric.alpha, spec, plain=plain)
         column = []
         for (a, b), ids_of in zip(spans, spliced):

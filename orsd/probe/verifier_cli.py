@@ -73,20 +73,14 @@ def rollouts(policy, tokenizer, env, tasks, config, samples: int, seed: int, pre
     """The policy's own episodes per task: training's rollout function and sampling."""
     import torch
 
-    from orsd.engines.base import Sampling
-    from orsd.envs.prompts import prompt_templates
     from orsd.train.model import autocast
-    from orsd.train.rollout import rollout
+    from orsd.train.rollout import Episodes, rollout
 
     from .cli import make_engine
 
-    r, e = config.rollout, config.env
     engine = make_engine(policy, tokenizer, config)
     with autocast(policy, precision), torch.no_grad():
-        return rollout(engine, tokenizer, env, tasks, samples, Sampling(r.temperature, r.top_p, r.max_new_tokens,
-                                                                         top_k=r.top_k),
-                       r.max_context_tokens, e.max_actions, e.max_history_turns, f"verifier-check{seed}", 0,
-                       prompt_templates(e.name, e.prompt), config.rubric.placement)
+        return rollout(engine, tokenizer, env, tasks, Episodes.from_config(config, samples), f"verifier-check{seed}")
 
 
 def run(args, config, argv: list[str]) -> dict:

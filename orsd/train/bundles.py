@@ -5,14 +5,17 @@ and B* becomes the token ids spliced into contexts for paired replay (Eq. 8)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 
 from orsd import rubric
 from orsd.engines.base import RolloutEngine, Sampling
-from orsd.methods import Candidates
+from orsd.methods import BundleRequest, Candidates
 
+from . import overlap
 from .records import Group
 from .rollout import render
 
@@ -52,6 +55,49 @@ def write_bundles(engine: RolloutEngine, tokenizer, groups: Sequence[Group], num
                 candidates.bundles.append(bundle)
         out.append(candidates)
     return out
+
+
+class BundleWriter:
+    """Writes what a method's BundleRequest asks for with the run's `rubric` section: by the current
+    policy through the rollout engine, or (writer="initial") by the frozen initial policy through an
+    engine made by `initial_engine()` on first use."""
+
+    def __init__(self, engine: RolloutEngine, initial_engine: Callable[[], RolloutEngine], tokenizer, rubric_config):
+        self.engine, self.tokenizer, self.config = engine, tokenizer, rubric_config
+        self._make_initial, self.initial_engine = initial_engine, None
+
+    def engine_for(self, writer: str) -> RolloutEngine:
+        if writer == "initial" and self.initial_engine is None:
+            self.initial_engine = self._make_initial()
+        return self.initial_engine if writer == "initial" else self.engine
+
+    def write(self, request: BundleRequest | None, beside: overlap.Later | None = None,
+              context: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[Candidates]:
+        """One Candidates per group of `request`. With `beside` (the plain pass) and bundles to write,
+        the writer runs on a thread of its own, under `context()` (the step's autocast), while this
+        thread makes `beside`'s value (overlap.write_beside)."""
+        if request is None:
+            return []
+        r = self.config
+
+        def write(engine):
+            return write_bundles(engine, self.tokenizer, request.groups, request.count, sampling(r),
+                                 r.transcript_chars, r.generation_template or None)
+
+        engine = self.engine_for(request.writer)
+        if beside is None or not request.groups:
+            return write(engine)
+        return overlap.write_beside(write, engine, beside, context)
+
+    def take_draft_stats(self):
+        """Speculative bundle decoding's counts since the last call, both engines together (an
+        overlap twin shares its engine's); None where the engine does not draft."""
+        if not hasattr(self.engine, "take_draft_stats"):
+            return None
+        drafts = self.engine.take_draft_stats()
+        if self.initial_engine is not None:
+            drafts.add(self.initial_engine.take_draft_stats())
+        return drafts
 
 
 def verify(verifier, groups: Sequence[Group], candidates: Sequence[Candidates],

@@ -236,13 +236,14 @@ def train_loop(config, trainer, out, reporter, log, started):
     from tqdm import tqdm
 
     from orsd.train import checkpoint
-    from orsd.train.evaluate import evaluate_trainer, format_eval
+    from orsd.train.evaluate import HeldOut, format_eval
 
     t = config.train
+    held_out = HeldOut(config, trainer.policy, trainer.engine, trainer.tokenizer)
 
     def evaluate_now():  # on rank 0 only: every rank holds (or generates from) the full policy
         if trainer.rank == 0:
-            result = evaluate_trainer(trainer, trainer.step_index)
+            result = held_out(trainer.step_index)
             out.append("eval.jsonl", result)
             reporter.log_eval(result)
             log(format_eval(result))

@@ -171,7 +171,7 @@ def replay_inputs(tokenizer, config, groups: list, advantages, rubrics: list, co
         for trajectory, turn_advantages in zip(group.trajectories, group_advantages):
             for record, advantage in zip(trajectory.records, turn_advantages):
                 # the control has B*'s length, so it fits wherever B* does
-                fits = ids is not None and record.rubric_slot >= 0 and record.num_tokens + len(ids) <= limit
+                fits = record.takes(ids, limit)
                 out.records.append(record)
                 out.advantages.append(advantage)
                 out.rubrics.append(ids if fits else None)

@@ -130,6 +130,15 @@ def deepspeed_backward(engine, loss, last: bool) -> None:
     engine.backward(loss, scale_wrt_gas=False)  # Eq. 14's weights already hold the 1/G
 
 
+def deepspeed_hooks(engine):
+    """(backward(loss, last), step() -> grad norm) of the update under DeepSpeed, which owns both;
+    (None, None) without it (the update's own backward and optimizer step)."""
+    if engine is None:
+        return None, None
+    return (lambda loss, last: deepspeed_backward(engine, loss, last),
+            lambda: (engine.step(), float(engine.get_global_grad_norm() or 0.0))[1])
+
+
 def gathered(*params):
     """Full values of ZeRO-3-partitioned parameters inside the block (a no-op for others)."""
     if any(hasattr(p, "ds_id") for p in params):

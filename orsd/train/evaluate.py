@@ -25,13 +25,12 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 from orsd import envs
-from orsd.envs.prompts import prompt_templates
-
 from orsd.engines.base import Sampling
 from orsd.engines.hf import HfEngine
+
 from .model import autocast
 from .records import Group
-from .rollout import rollout
+from .rollout import Episodes, rollout
 
 DEFAULT_EVAL_SPLIT = {"webshop": "test", "alfworld": "valid_unseen"}
 
@@ -109,41 +108,45 @@ def engine_batch_size(engine, batch_size: int | None):
         engine.batch_size = saved
 
 
-def evaluate(engine, tokenizer, env, split: str, num_tasks: int, samples: int, temperature: float,
-             max_new_tokens: int, max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-             step: int = 0, seed: int = 0, templates=None, top_p: float = 1.0, top_k: int = 0,
+def evaluate(engine, tokenizer, env, split: str, num_tasks: int, episodes: Episodes, step: int = 0,
              batch_size: int | None = None) -> dict:
-    """`samples` episodes on each of `num_tasks` held-out tasks, sampled at `temperature` with the
-    rollouts' nucleus and top-k filters (`top_p`, `top_k`: rollout.top_p / rollout.top_k), keyed
-    by `seed` (module docstring), `batch_size` requests per engine batch (train.eval_batch_size;
-    None: the engine's own)."""
+    """`episodes.samples` episodes on each of `num_tasks` held-out tasks of `split`, sampled as
+    `episodes.sampling` says (its seed keys them: module docstring), `batch_size` requests per engine
+    batch (train.eval_batch_size; None: the engine's own)."""
     tasks = eval_tasks(env, split, num_tasks)
-    sampling = Sampling(temperature, top_p, max_new_tokens, top_k=top_k, seed=seed)
     with engine_batch_size(engine, batch_size):
-        groups = rollout(engine, tokenizer, env, tasks, samples, sampling, max_context_tokens, max_actions,
-                         max_history_turns, templates=templates, group_keys=[f"heldout:{t.id}" for t in tasks])
-    return {**summarize(groups, env.name, split, step), "seed": seed}
+        groups = rollout(engine, tokenizer, env, tasks, episodes, group_keys=[f"heldout:{t.id}" for t in tasks])
+    return {**summarize(groups, env.name, split, step), "seed": episodes.sampling.seed}
 
 
-def evaluate_trainer(trainer, step: int) -> dict:
-    """Evaluation of a trainer's current policy with its own engine and config."""
-    cfg = trainer.config
-    split = cfg.env.eval_split or DEFAULT_EVAL_SPLIT[cfg.env.name]
-    env = trainer.eval_env if getattr(trainer, "eval_env", None) else make_eval_env(cfg, split)
-    trainer.eval_env = env
-    with autocast(trainer.policy, cfg.model.autocast):
-        return evaluate(trainer.engine, trainer.tokenizer, env, split, cfg.train.eval_tasks,
-                        cfg.train.eval_samples, cfg.train.eval_temperature, cfg.rollout.max_new_tokens,
-                        cfg.rollout.max_context_tokens, cfg.env.max_actions, cfg.env.max_history_turns, step,
-                        cfg.train.seed, trainer.templates, cfg.rollout.top_p, cfg.rollout.top_k,
-                        cfg.train.eval_batch_size)
+def eval_episodes(config, samples: int = 0) -> Episodes:
+    """A run's held-out episodes: train.eval_samples (or `samples`) per task at train.eval_temperature,
+    with the rollouts' nucleus and top-k filters and budgets, keyed by train.seed."""
+    t, r = config.train, config.rollout
+    return Episodes.from_config(config, samples or t.eval_samples,
+                                Sampling(t.eval_temperature, r.top_p, r.max_new_tokens, top_k=r.top_k, seed=t.seed))
+
+
+class HeldOut:
+    """Evaluations of a run's current policy through its engine on the held-out split (env.eval_split
+    or the env's default), the env made on first use."""
+
+    def __init__(self, config, policy, engine, tokenizer):
+        self.config, self.policy, self.engine, self.tokenizer = config, policy, engine, tokenizer
+        self.split = config.env.eval_split or DEFAULT_EVAL_SPLIT[config.env.name]
+        self.env = None
+
+    def __call__(self, step: int) -> dict:
+        cfg = self.config
+        self.env = self.env or make_eval_env(cfg, self.split)
+        with autocast(self.policy, cfg.model.autocast):
+            return evaluate(self.engine, self.tokenizer, self.env, self.split, cfg.train.eval_tasks,
+                            eval_episodes(cfg), step, cfg.train.eval_batch_size)
 
 
 def make_eval_env(config, split: str):
-    options = dict(config.env.options)
-    if config.env.max_actions:
-        options.setdefault("max_actions", config.env.max_actions)
-    return envs.make(config.env.name, split=split, seed=config.env.seed, **options)
+    """The run's env (envs.from_config) on the held-out `split`."""
+    return envs.from_config(config.env, split)
 
 
 def format_eval(result: dict) -> str:
@@ -191,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     with autocast(policy, config.model.autocast):
         result = evaluate(HfEngine(policy, tokenizer, config.train.eval_batch_size), tokenizer,
                           make_eval_env(config, split), split, args.tasks or config.train.eval_tasks,
-                          args.samples or config.train.eval_samples, config.train.eval_temperature,
-                          config.rollout.max_new_tokens, config.rollout.max_context_tokens, config.env.max_actions,
-                          config.env.max_history_turns, args.step, config.train.seed,
-                          prompt_templates(config.env.name, config.env.prompt), config.rollout.top_p,
-                          config.rollout.top_k)
+                          eval_episodes(config, args.samples), args.step)
     result["checkpoint"] = args.checkpoint
     result["seconds"] = time.perf_counter() - start
     print(format_eval(result))

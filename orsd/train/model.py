@@ -174,15 +174,9 @@ def share_frozen(policy, reference) -> int:
     from orsd.engines import frozen
 
     split = frozen.frozen_layers(policy)
-    if not split:
+    if not split or not holds_same_bottom(policy, reference, split):
         return 0
-    pairs = [(policy.get_input_embeddings(), reference.get_input_embeddings()),
-             *zip(policy.get_decoder().layers[:split], reference.get_decoder().layers[:split])]
-    for mine, theirs in pairs:
-        a, b = dict(mine.named_parameters()), dict(theirs.named_parameters())
-        if a.keys() != b.keys() or any(x.dtype != b[name].dtype or x.shape != b[name].shape
-                                       or not torch.equal(x, b[name]) for name, x in a.items()):
-            return 0
+    pairs = bottom_pairs(policy, reference, split)
     head = reference.get_output_embeddings()
     tied = head is not None and head.weight is reference.get_input_embeddings().weight
     for mine, theirs in pairs:
@@ -192,6 +186,41 @@ def share_frozen(policy, reference) -> int:
     if tied:  # a head tied to the embeddings reads the shared tensor too, as the policy's does
         head.weight = reference.get_input_embeddings().weight
     return split
+
+
+def bottom_pairs(policy, reference, split: int) -> list[tuple]:
+    """(policy module, reference module) for the embeddings and each of the bottom `split` layers."""
+    return [(policy.get_input_embeddings(), reference.get_input_embeddings()),
+            *zip(policy.get_decoder().layers[:split], reference.get_decoder().layers[:split])]
+
+
+def holds_same_bottom(policy, reference, split: int) -> bool:
+    """Whether the reference's embeddings and bottom `split` layers hold the policy's values: the
+    same parameters, dtypes, shapes and numbers. Where the policy keeps them frozen, the states the
+    plain pass computes below `split` are then the reference's too (the reference pass starts from
+    them), and share_frozen may make them one copy."""
+    for mine, theirs in bottom_pairs(policy, reference, split):
+        a, b = dict(mine.named_parameters()), dict(theirs.named_parameters())
+        if a.keys() != b.keys() or any(x.dtype != b[name].dtype or x.shape != b[name].shape
+                                       or not torch.equal(x, b[name]) for name, x in a.items()):
+            return False
+    return True
+
+
+def save_policy(policy, path, lora_config, base_path: str, rank: int, zero3: bool = False) -> None:
+    """An HF-loadable copy of `policy` at `path`; with model.lora (`lora_config`) its adapters in
+    peft's format on `base_path`. Under ZeRO-3 every rank calls this (the shards are gathered); rank
+    0 writes."""
+    from . import lora
+    from .distributed import gathered
+
+    if lora.enabled(lora_config):  # ZeRO-2 at most: every rank holds the adapters whole
+        if rank == 0:
+            lora.save_adapters(policy, lora_config, base_path, path)
+        return
+    with gathered(*policy.parameters()) if zero3 else contextlib.nullcontext():
+        if rank == 0:
+            policy.save_pretrained(path)
 
 
 def shares_prefixes(model) -> bool:

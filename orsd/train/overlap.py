@@ -37,24 +37,38 @@ def serves(engine, policy, distributed: bool) -> bool:
             and next(policy.parameters()).device.type == "cpu")
 
 
-def write_beside_plain(write: Callable, engine, plain: Callable, context: Callable[[], AbstractContextManager]):
+class Later:
+    """A stage's value made when first asked for (`value()`), unless a stage runner made it earlier
+    beside another stage (write_beside): how the step schedules the plain pass, which does not
+    depend on the bundles, without the bundle stage returning it."""
+
+    def __init__(self, make: Callable[[], object]):
+        self._make, self._made, self._value = make, False, None
+
+    def value(self):
+        if not self._made:
+            self._value, self._made = self._make(), True
+        return self._value
+
+
+def write_beside(write: Callable, engine, later: Later, context: Callable[[], AbstractContextManager]):
     """`write(twin_engine)` (the bundles) on a thread of its own, through a twin of `engine`'s model,
-    while this thread runs `plain()` (the plain pass), each side on one intra-op thread, the writer
-    under `context()` (the caller's autocast, which is per thread). Returns (what write returned,
-    what plain returned). The plain pass runs on one thread even when the bundles are written before
-    it ends: the thread count is part of a bf16 result, so where a pass runs must not depend on
-    timing. The reference pass is the step's own stage, on all threads, as GRPO runs it."""
+    while this thread makes `later`'s value (the plain pass), each side on one intra-op thread, the
+    writer under `context()` (the caller's autocast, which is per thread). Returns what write
+    returned. The plain pass runs on one thread even when the bundles are written before it ends:
+    the thread count is part of a bf16 result, so where a pass runs must not depend on timing. The
+    reference pass is the step's own stage, on all threads, as GRPO runs it."""
     twin_engine = copy.copy(engine)
     twin_engine.model = twin(engine.model)  # made here, before the plain pass toggles the policy's modules
     threads = torch.get_num_threads()
     worker = Beside(lambda: write(twin_engine), context)
     try:
         torch.set_num_threads(1)
-        result = plain()
+        later.value()
     finally:
         worker.join()
         torch.set_num_threads(threads)
-    return worker.result(), result
+    return worker.result()
 
 
 def twin(model: torch.nn.Module) -> torch.nn.Module:

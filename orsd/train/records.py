@@ -35,6 +35,12 @@ class TurnRecord:
     def num_tokens(self) -> int:
         return len(self.context_ids) + len(self.response_ids)
 
+    def takes(self, ids: list[int] | None, max_context_tokens: int) -> bool:
+        """Whether privileged ids (B*, a control, a teacher's text) can be spliced into this turn: it
+        has a slot, and its context and reply with them stay within the context budget. Where not,
+        the turn keeps A_GRPO (e = 0) or gets no teacher."""
+        return ids is not None and self.rubric_slot >= 0 and self.num_tokens + len(ids) <= max_context_tokens
+
 
 @dataclass
 class Trajectory:

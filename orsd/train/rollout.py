@@ -9,9 +9,10 @@ episode ends; the step goes on.
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass
 
 from orsd.envs import parse_action
-from orsd.envs.prompts import build_messages
+from orsd.envs.prompts import build_messages, prompt_templates
 from orsd.envs.rewards import episode_reward
 
 from orsd.engines.base import RolloutEngine, Sampling
@@ -69,11 +70,33 @@ def build_context(tokenizer, env, trajectory: Trajectory, max_context_tokens: in
     return ids, message_boundary(tokenizer, kept, index, ids), dropped
 
 
-def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int, sampling: Sampling,
-            max_context_tokens: int, max_actions: int = 0, max_history_turns: int = 0,
-            key_prefix: str = "", group_offset: int = 0, templates=None,
-            placement: str = "action", group_keys: list[str] | None = None) -> list[Group]:
-    """Play `group_size` episodes of every task; returns one Group per task, rewards filled in.
+@dataclass(frozen=True)
+class Episodes:
+    """How a rollout plays its episodes: `samples` per task (N), the sampling, the context budget
+    (a turn's context and reply together), the action horizon (0: the env's), the history window (0:
+    whole), the prompt templates (envs/prompts.py) and the rubric slot recorded per turn (rubric.placement)."""
+
+    samples: int
+    sampling: Sampling
+    max_context_tokens: int
+    max_actions: int = 0
+    max_history_turns: int = 0
+    templates: object = None
+    placement: str = "action"
+
+    @classmethod
+    def from_config(cls, config, samples: int | None = None, sampling: Sampling | None = None) -> Episodes:
+        """A run's: rollout.group_size samples at the rollout's sampling unless given (evaluation's)."""
+        r, e = config.rollout, config.env
+        return cls(r.group_size if samples is None else samples,
+                   sampling or Sampling(r.temperature, r.top_p, r.max_new_tokens, top_k=r.top_k),
+                   r.max_context_tokens, e.max_actions, e.max_history_turns, prompt_templates(e.name, e.prompt),
+                   config.rubric.placement)
+
+
+def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, episodes: Episodes, key_prefix: str = "",
+            group_offset: int = 0, group_keys: list[str] | None = None) -> list[Group]:
+    """Play `episodes.samples` episodes of every task; returns one Group per task, rewards filled in.
 
     Request keys are `<group key>:<sample>:<turn>` (see RolloutEngine), the group key being
     `<key_prefix>:<global group index>` unless `group_keys` names every group (held-out evaluation:
@@ -86,7 +109,7 @@ def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int,
     groups = [Group(task=task, trajectories=[], key=key) for task, key in zip(tasks, group_keys)]
     live = []  # (trajectory, env fork, key of the episode)
     for g, group in enumerate(groups):
-        for sample in range(group_size):
+        for sample in range(episodes.samples):
             fork = env.fork()
             trajectory = Trajectory(task=group.task, observations=[], actions=[])
             group.trajectories.append(trajectory)
@@ -95,10 +118,11 @@ def rollout(engine: RolloutEngine, tokenizer, env, tasks: list, group_size: int,
                 live.append((trajectory, fork, f"{group.key}:{sample}"))
             except Exception as error:  # noqa: BLE001 - recorded on the trajectory, run goes on
                 trajectory.error = f"reset failed: {error!r}"
-    horizon = max_actions or env.max_actions
+    horizon, sampling = episodes.max_actions or env.max_actions, episodes.sampling
     while live:
-        contexts = [build_context(tokenizer, fork, t, max_context_tokens - sampling.max_new_tokens,
-                                  max_history_turns, templates, placement) for t, fork, _ in live]
+        contexts = [build_context(tokenizer, fork, t, episodes.max_context_tokens - sampling.max_new_tokens,
+                                  episodes.max_history_turns, episodes.templates, episodes.placement)
+                    for t, fork, _ in live]
         keys = [f"{key}:{len(t.actions)}" for t, _, key in live]
         generations = engine.generate([ids for ids, _, _ in contexts], sampling, keys)
         trim_heap()  # each turn's KV cache has another size: glibc would keep the last one's pages
@@ -134,3 +158,10 @@ def finish(trajectory: Trajectory, fork, info: dict) -> None:
     trajectory.num_invalid = fork.num_invalid
     trajectory.num_no_progress = fork.num_no_progress
     trajectory.reward = 0.0 if trajectory.error else float(episode_reward(fork, info))
+
+
+def sample_tasks(env, rng, count: int, pool_size: int = 0) -> list:
+    """`count` training tasks drawn with `rng`: from the whole split (the paper), or with
+    `pool_size` (env.train_tasks) from Env.task_pool, the same pool for every seed and method."""
+    pool = env.task_pool(pool_size) if pool_size else None
+    return [env.sample_task(rng) if pool is None else pool[rng.randrange(len(pool))] for _ in range(count)]

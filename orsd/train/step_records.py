@@ -59,7 +59,7 @@ def delta_examples(groups: list[Group], out: StepOutputs, tokenizer) -> list[dic
 def step_metrics(groups: list[Group], out: StepOutputs, step: int, alpha: float, method_metrics: dict,
                  counters: dict) -> dict:
     """The step's metrics, tagged. `method_metrics`: Method.step_metrics (e.g. GiGPO's anchor share);
-    `counters`: Trainer.counters (speculative drafting's counts, the verifier's accounting)."""
+    `counters`: counters() (speculative drafting's counts, the verifier's accounting)."""
     trajectories = [t for g in groups for t in g.trajectories]
     replay = out.replay
     response, valid = replay.packed.response_mask, replay.valid
@@ -103,6 +103,18 @@ def step_metrics(groups: list[Group], out: StepOutputs, step: int, alpha: float,
     for name, (value, reduce) in (out.teacher.metrics if out.teacher is not None else {}).items():
         metrics.update(tagged(reduce, **{name: value}))
     return metrics
+
+
+def counters(writer, verifier) -> dict:
+    """This step's accounting kept outside the stages' results, read and reset: speculative bundle
+    decoding's counts (`writer`: the BundleWriter where rubric.draft_tokens is on, else None) and the
+    verifier's calls."""
+    out = {}
+    if writer is not None and (drafts := writer.take_draft_stats()) is not None:
+        out["drafts"] = drafts
+    if verifier is not None and hasattr(verifier, "stats"):
+        out["verifier"] = verifier.stats(reset=True)
+    return out
 
 
 def _mean(values) -> float:

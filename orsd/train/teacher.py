@@ -12,6 +12,7 @@ the update turns those hidden states into teacher logits again inside its checkp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -20,13 +21,12 @@ import torch
 
 from orsd.methods.distill import Distillation, outside_logmass, topk_support
 
-from .head import final_logits
-from .records import TurnRecord
+from .bundles import rubric_ids
 from .forward import replay_logprobs, response_hidden
-
-#: tokens per checkpointed chunk of the update when the divergence needs whole distributions
+from .head import final_logits
 from .packing import Packed, splice_privileged
-from .replay import ReplaySpec
+from .records import Group, TurnRecord
+from .replay import ReplayResult, ReplaySpec
 
 #: tokens per checkpointed chunk of the update when the divergence needs whole distributions
 #: (the student's and the teacher's logits, the mixture and their products are alive together)
@@ -107,6 +107,38 @@ def teacher_pass(model, packed: Packed, records: list[TurnRecord], privileged: l
             teacher.hidden[row] = hidden.cpu()
     logprobs[plain] = row_lp
     return teacher
+
+
+def privileged_turns(groups: list[Group], texts: list, coefs: list[float], tokenizer, role: str,
+                     max_context_tokens: int) -> tuple[list[TurnRecord], list[list[int] | None], list[float]]:
+    """Per record of `groups` in paired replay's order: the record, the ids of its teacher text
+    (`texts[g][n][t]`: Method.teacher_contexts) as spliced at the rubric slot like B*, and its
+    group's coefficient. None where the turn has no text, no slot, or the text would push its context
+    past `max_context_tokens`: no teacher there, as ORSD's e = 0."""
+    records, privileged, coef, ids_of = [], [], [], {}
+    for group, group_texts, group_coef in zip(groups, texts, coefs):
+        for trajectory, turn_texts in zip(group.trajectories, group_texts):
+            for record, text in zip(trajectory.records, turn_texts):
+                if text is not None and text not in ids_of:
+                    ids_of[text] = rubric_ids(tokenizer, text, role)
+                ids = ids_of[text] if text is not None else None
+                records.append(record)
+                privileged.append(ids if record.takes(ids, max_context_tokens) else None)
+                coef.append(group_coef)
+    return records, privileged, coef
+
+
+def with_metrics(teacher: Teacher, replay: ReplayResult, context_metrics: dict) -> Teacher:
+    """`teacher` with its step metrics: the method's own (`context_metrics`), the share of response
+    tokens taught, the mean gap log q − log π_old over them, and the bytes the teacher view keeps."""
+    taught = teacher.weight > 0
+    gap = (teacher.logprobs - replay.old_logprobs)[taught]
+    response = replay.packed.response_mask
+    return dataclasses.replace(teacher, metrics={
+        **context_metrics,
+        "teacher_token_fraction": (float(taught[response].float().mean()) if response.any() else 0.0, "tokens"),
+        "teacher_gap_mean": (float(gap.mean()) if len(gap) else 0.0, "tokens"),
+        "teacher_stored_bytes": (teacher.stored_bytes, "sum")})
 
 
 def response_weights(packed: Packed, coef: list[float], eligible: torch.Tensor, edge_fraction: float) -> torch.Tensor:

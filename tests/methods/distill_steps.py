@@ -43,7 +43,7 @@ class RewardVerifier:
 def make_trainer(config, model, tokenizer, verifier=None) -> Trainer:
     trainer = Trainer(config, model, tokenizer, frozen_copy(model), verifier, make_env(config),
                       engine=ScriptedEngine(model, tokenizer, config.env.name))
-    trainer.initial_engine = ScriptedEngine(trainer.reference, tokenizer, config.env.name)
+    trainer.writer.initial_engine = ScriptedEngine(trainer.reference, tokenizer, config.env.name)
     return trainer
 
 

@@ -24,7 +24,7 @@ def make_trainer(config, model, tokenizer):
     verifier = build_verifier(config, reference, tokenizer) if make_method(config).calls_verifier else None
     trainer = Trainer(config, model, tokenizer, reference, verifier, make_env(config),
                       engine=ScriptedEngine(model, tokenizer, config.env.name))
-    trainer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
+    trainer.writer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
     return trainer
 
 

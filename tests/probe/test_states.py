@@ -8,7 +8,7 @@ from orsd.envs.prompts import demonstration_answer, prompt_templates
 from orsd.probe.states import expert_cost, expert_states, policy_replies, same_command
 from orsd.train.config import load_config
 from orsd.train.evaluate import eval_tasks, make_eval_env
-from orsd.train.rollout import build_context, rollout
+from orsd.train.rollout import Episodes, build_context, rollout
 from orsd.train.records import Trajectory
 from orsd.train.warmstart import answer_ids
 from scripted import ExpertReplayEngine
@@ -69,8 +69,9 @@ def test_policy_turns_are_labelled_against_the_expert(smol_tokenizer):
     # the full history: the scripted engine rebuilds each episode from the actions its prompt shows
     config, env, shadow, tasks, templates, _, _ = setup(smol_tokenizer, 2, 3, "env.max_history_turns=0")
     engine = ExpertReplayEngine(smol_tokenizer, env, lambda task, sample: sample == 0, split="test")
-    groups = rollout(engine, smol_tokenizer, env, tasks, 2, Sampling(max_new_tokens=40), 4096, config.env.max_actions,
-                     config.env.max_history_turns, "probe0", 0, templates, config.rubric.placement)
+    episodes = Episodes(2, Sampling(max_new_tokens=40), 4096, config.env.max_actions, config.env.max_history_turns,
+                        templates, config.rubric.placement)
+    groups = rollout(engine, smol_tokenizer, env, tasks, episodes, "probe0")
     replies = policy_replies(groups, shadow)
     assert len(replies) == sum(len(t.records) for g in groups for t in g.trajectories)
     expert_turns = [r for r in replies if r.trajectory == 0]

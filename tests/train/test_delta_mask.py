@@ -116,7 +116,7 @@ def test_the_format_mask_in_a_step_zeroes_the_first_token(tiny_model, tiny_token
         config = small_config("method.name=orsd", f"rubric.delta_mask={mask}")
         model = make_tiny_qwen3(tiny_tokenizer).train()  # the same seeded weights for both runs
         trainer = make_trainer(config, model, tiny_tokenizer, ScriptedVerifier())
-        trainer.engine = ScriptedEngine(model, tiny_tokenizer, fully_scripted=True)
+        trainer.engine = trainer.writer.engine = ScriptedEngine(model, tiny_tokenizer, fully_scripted=True)
         results[mask] = trainer.step()
     paper, masked = results["none"], results["format"]
     assert abs(paper.metrics["delta_first_token_mean"]) > 1e-4 and masked.metrics["delta_first_token_mean"] == 0

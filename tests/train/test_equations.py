@@ -168,7 +168,7 @@ def test_alpha_zero_orsd_equals_grpo(tiny_model, tiny_tokenizer):
     groups = orsd.rollout(orsd.sample_tasks())
     advantages = orsd.method.advantages(groups)
     request = orsd.method.bundle_request(groups)
-    candidates = orsd.method.candidates(groups, request, orsd.write_bundles(request))
+    candidates = orsd.method.candidates(groups, request, orsd.writer.write(request))
     bundles = [c.bundles[0] for c in candidates]  # make sure the rubric path is really exercised
     replay_orsd = orsd.paired_replay(groups, advantages, bundles)
     assert replay_orsd.valid.any()
@@ -178,7 +178,7 @@ def test_alpha_zero_orsd_equals_grpo(tiny_model, tiny_tokenizer):
     assert torch.equal(replay_orsd.advantages, replay_grpo.advantages)
     assert torch.equal(replay_orsd.old_logprobs, replay_grpo.old_logprobs)
 
-    reference_lp = orsd.reference_logprobs(replay_orsd)
+    reference_lp = orsd.reference_pass.logprobs(replay_orsd, replay_orsd.frozen_states)
     model_b = copy.deepcopy(tiny_model)
     zero = UpdateSpec(temperature=1.0, micro_batch_tokens=4096, clip_eps=0.2, dual_clip=0.0, log_ratio_clamp=20.0,
                       kl_coef=1e-3, grad_clip=0.0)

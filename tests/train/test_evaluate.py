@@ -7,8 +7,10 @@ from collections import Counter
 import pytest
 
 from orsd import envs
+from orsd.engines.base import Sampling
 from orsd.engines.hf import HfEngine
 from orsd.train.evaluate import eval_tasks, evaluate, summarize
+from orsd.train.rollout import Episodes
 from orsd.train.model import load_tokenizer
 from scripted import ExpertReplayEngine
 
@@ -21,7 +23,7 @@ def test_webshop_eval_metrics_by_hand():
     kinds = sorted({t.kind for t in tasks})
     chosen = kinds[:2]
     engine = ExpertReplayEngine(tokenizer, env, lambda task, sample: task.kind in chosen and sample == 1)
-    result = evaluate(engine, tokenizer, env, "test", 12, 2, 0.6, 64, 8192)
+    result = evaluate(engine, tokenizer, env, "test", 12, Episodes(2, Sampling(0.6, max_new_tokens=64), 8192))
     expected_success = sum(t.kind in chosen for t in tasks) / (2 * len(tasks))
     assert result["num_episodes"] == 24 and result["num_tasks"] == 12
     assert result["success_rate"] == pytest.approx(expected_success)
@@ -126,15 +128,15 @@ def test_evaluation_samples_with_the_rollouts_top_p_and_top_k(monkeypatch, tiny_
     from orsd.train.config import load_config
 
     seen = []
-    monkeypatch.setattr(ev, "rollout", lambda engine, tokenizer, env, tasks, samples, sampling, *rest, **named:
-                        seen.append((sampling, engine.batch_size, named["group_keys"])) or [])
+    monkeypatch.setattr(ev, "rollout", lambda engine, tokenizer, env, tasks, episodes, *rest, **named:
+                        seen.append((episodes.sampling, engine.batch_size, named["group_keys"])) or [])
     monkeypatch.setattr(ev, "eval_tasks", lambda env, split, num_tasks: [SimpleNamespace(id="t-3")])
     config = load_config(None, ["rollout.top_k=7", "rollout.top_p=0.9", "train.eval_temperature=0.3",
                                 "model.autocast=", "train.seed=5", "rollout.batch_size=2", "train.eval_batch_size=9"])
     engine = SimpleNamespace(batch_size=config.rollout.batch_size)
-    trainer = SimpleNamespace(config=config, policy=tiny_model, engine=engine, tokenizer=None, templates=None,
-                              eval_env=SimpleNamespace(name="webshop"))
-    ev.evaluate_trainer(trainer, step=0)
+    held_out = ev.HeldOut(config, tiny_model, engine, None)
+    held_out.env = SimpleNamespace(name="webshop")
+    held_out(step=0)
     # keyed by train.seed and the task, batched by train.eval_batch_size, the rollouts' batch size restored after
     assert [(s.temperature, s.top_p, s.top_k, s.seed, size, keys) for s, size, keys in seen] == [
         (0.3, 0.9, 7, 5, 9, ["heldout:t-3"])]
@@ -178,8 +180,8 @@ def test_heldout_episodes_do_not_depend_on_what_else_is_evaluated(monkeypatch, t
     def run(task_list, batch_size):
         monkeypatch.setattr(ev, "eval_tasks", lambda env, split, num_tasks: task_list)
         engine = RecordingEngine(policy, tokenizer, batch_size=64)
-        result = ev.evaluate(engine, tokenizer, env, "test", len(task_list), 2, 1.0, 8, 4096, seed=3,
-                             batch_size=batch_size)
+        result = ev.evaluate(engine, tokenizer, env, "test", len(task_list),
+                             Episodes(2, Sampling(1.0, max_new_tokens=8, seed=3), 4096), batch_size=batch_size)
         return {(e["task"], e["sample"]): e for e in result["episodes"]}, engine
 
     small, one_by_one = run(tasks[:3], 1)
@@ -201,7 +203,8 @@ def test_evaluation_leaves_the_global_generators_alone(tiny_policy):
     env = envs.make("webshop", split="test", max_actions=1)
     torch.manual_seed(123)
     states = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
-    result = evaluate(HfEngine(policy, tokenizer, 0), tokenizer, env, "test", 2, 2, 1.0, 8, 4096, seed=3)
+    result = evaluate(HfEngine(policy, tokenizer, 0), tokenizer, env, "test", 2,
+                      Episodes(2, Sampling(1.0, max_new_tokens=8, seed=3), 4096))
     assert result["num_episodes"] == 4
     assert torch.equal(torch.get_rng_state(), states[0])
     assert random.getstate() == states[1] and (np.random.get_state()[1] == states[2]).all()

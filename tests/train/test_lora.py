@@ -89,7 +89,7 @@ def test_a_step_equals_one_with_a_separate_frozen_copy_of_the_base(method, top, 
         verifier = build_verifier(config, reference, tokenizer) if method == "orsd" else None
         trainer = Trainer(config, policy, tokenizer, reference, verifier, make_env(config),
                           engine=ScriptedEngine(policy, tokenizer, config.env.name))
-        trainer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
+        trainer.writer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
         result = trainer.step()
         results.append((result, {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}))
     (view, view_weights), (copied, copied_weights) = results

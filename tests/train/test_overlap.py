@@ -72,8 +72,8 @@ def run_step(model, tokenizer, overlap: bool, held: bool = False):
     trainer = make_trainer(config, model, tokenizer, ScriptedVerifier())
     threads = {"plain": [], "reference": []}  # intra-op threads each pass ran on
     if held:
-        trainer.engine = HeldEngine(model, tokenizer, config.env.name)
-        plain_pass, reference_logprobs = trainer.plain_pass, trainer.reference_logprobs
+        trainer.engine = trainer.writer.engine = HeldEngine(model, tokenizer, config.env.name)
+        plain_pass, reference_logprobs = trainer.plain_pass, trainer.reference_pass.logprobs
 
         def plain_then_release(groups):
             threads["plain"].append(torch.get_num_threads())
@@ -82,12 +82,12 @@ def run_step(model, tokenizer, overlap: bool, held: bool = False):
             finally:
                 trainer.engine.plain_done.set()
 
-        def reference(replay):
+        def reference(replay, frozen_states):
             writing = any(t.name == "orsd-bundles" for t in threading.enumerate())
             threads["reference"].append((torch.get_num_threads(), writing))
-            return reference_logprobs(replay)
+            return reference_logprobs(replay, frozen_states)
 
-        trainer.plain_pass, trainer.reference_logprobs = plain_then_release, reference
+        trainer.plain_pass, trainer.reference_pass.logprobs = plain_then_release, reference
     return trainer, trainer.step(), threads
 
 

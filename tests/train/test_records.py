@@ -17,7 +17,7 @@ from orsd.engines.hf import HfEngine
 from orsd.train.model import load_tokenizer
 from orsd.train.packing import pack
 from orsd.train.replay import ReplaySpec, paired_replay
-from orsd.train.rollout import build_context, render, rollout
+from orsd.train.rollout import Episodes, build_context, render, rollout
 
 RUBRIC_TEXT = "Process rubric for this task (privileged guidance):\n1. Search first.\n2. Check the price."
 
@@ -129,7 +129,7 @@ def test_history_is_dropped_oldest_first_to_fit(smol_tokenizer):
 def test_sampled_ids_are_never_retokenized(smol_tokenizer, smol_shaped_model):
     engine = OddTokenizationEngine(smol_shaped_model, smol_tokenizer)
     env = envs.make("webshop", max_actions=2)
-    groups = rollout(engine, smol_tokenizer, env, [env.sample_task(random.Random(0))], 2, Sampling(), 8192)
+    groups = rollout(engine, smol_tokenizer, env, [env.sample_task(random.Random(0))], Episodes(2, Sampling(), 8192))
     text = engine.TEXT
     assert smol_tokenizer.encode(text, add_special_tokens=False) != engine.sent[:-1]  # really non-canonical
     for trajectory in groups[0].trajectories:

@@ -23,7 +23,7 @@ def make_trainer(config, model, tokenizer, verifier=None):
         verifier = build_verifier(config, reference, tokenizer)
     trainer = Trainer(config, model, tokenizer, reference, verifier, make_env(config),
                       engine=ScriptedEngine(model, tokenizer, config.env.name))
-    trainer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
+    trainer.writer.initial_engine = ScriptedEngine(reference, tokenizer, config.env.name)
     return trainer
 
 
@@ -147,7 +147,7 @@ def test_offline_rubric_keeps_the_first_bundle_per_task(tiny_model, tiny_tokeniz
     second = trainer.step()
     assert second.groups[0].task == task
     assert second.outputs.candidates[0].bundles == kept
-    generated = sum(1 for prompts, _ in trainer.initial_engine.calls for _ in prompts)
+    generated = sum(1 for prompts, _ in trainer.writer.initial_engine.calls for _ in prompts)
     assert generated == 1  # generated once, by the initial policy, then kept
     restored = make_trainer(config, tiny_model, tiny_tokenizer)
     restored.method.load_state_dict(trainer.method.state_dict())  # what a checkpoint carries
@@ -223,7 +223,7 @@ def test_a_step_reusing_the_frozen_layers_states_takes_the_same_step(tiny_model,
             return call
 
         trainer.update = labelled("update", trainer.update)
-        trainer.reference_logprobs = labelled("reference", trainer.reference_logprobs)
+        trainer.reference_pass.logprobs = labelled("reference", trainer.reference_pass.logprobs)
         trainer.step()
         result = trainer.step()  # the second: the policy's top layer has moved off the reference's
         results.append((result.metrics, [p.detach().clone() for p in model.parameters()], set(calls)))

@@ -5,7 +5,9 @@ import pytest
 pytest.importorskip("alfworld", reason="the [alfworld] extra is not installed")
 
 from orsd.envs.alfworld import generator as alfworld_generator  # noqa: E402
+from orsd.engines.base import Sampling  # noqa: E402
 from orsd.train.evaluate import evaluate  # noqa: E402
+from orsd.train.rollout import Episodes  # noqa: E402
 from orsd.train.model import frozen_copy, load_policy  # noqa: E402
 from orsd.train.build import make_env
 from orsd.train.trainer import Trainer  # noqa: E402
@@ -55,7 +57,8 @@ def test_alfworld_eval_success_per_task_type(alfworld_options, smol_tokenizer, m
     kinds = sorted({t.kind for t in env.tasks("valid_unseen")})
     chosen = set(kinds[::2])
     engine = ExpertReplayEngine(smol_tokenizer, env, lambda task, sample: task.kind in chosen, "valid_unseen")
-    result = evaluate(engine, smol_tokenizer, env, "valid_unseen", 6, 1, 0.6, 24, 8192, max_actions=20)
+    result = evaluate(engine, smol_tokenizer, env, "valid_unseen", 6,
+                      Episodes(1, Sampling(0.6, max_new_tokens=24), 8192, max_actions=20))
     assert result["num_episodes"] == 6
     assert set(result["per_kind"]) == set(kinds)
     for kind, row in result["per_kind"].items():

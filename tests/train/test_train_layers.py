@@ -6,6 +6,7 @@ import torch
 
 from orsd.train.build import build
 from orsd.train.config import load_config
+from orsd.train.reference import ReferencePass
 from orsd.train.warmstart import Demo, fitted_layers, warm_start
 
 
@@ -94,7 +95,7 @@ def test_build_gives_the_update_an_optimizer_over_the_top_layers_only(tiny_smol_
     assert {d for n, d in linears.items() if n.startswith("model.layers.1.")} == {torch.float32}
     assert policy.get_input_embeddings().weight.dtype == torch.float32  # and the head tied to it
     # the reference holds the policy's frozen values: the plain pass's states of layer 0 serve it too
-    assert trainer.reference_shares_frozen(1)
+    assert trainer.reference_pass.shares_bottom(1)
     # ... and holds them in the policy's own tensors (model.share_frozen), the trained layer in its own
     mine, theirs = policy.model.layers, trainer.reference.model.layers
     assert theirs[0].mlp.up_proj.weight is mine[0].mlp.up_proj.weight
@@ -103,5 +104,4 @@ def test_build_gives_the_update_an_optimizer_over_the_top_layers_only(tiny_smol_
     changed = theirs[0].mlp.up_proj.weight.detach().clone()
     changed[0, 0] += 1.0
     theirs[0].mlp.up_proj.weight = torch.nn.Parameter(changed, requires_grad=False)
-    trainer._reference_shares.clear()
-    assert not trainer.reference_shares_frozen(1)
+    assert not ReferencePass(trainer.reference, policy, trainer.config).shares_bottom(1)
