@@ -3,6 +3,7 @@ decode roofline, monotonicity in the shape, and a memory estimate whose pieces a
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import replace
@@ -142,3 +143,93 @@ def test_the_plan_covers_both_settings_models_and_devices():
         assert set(r["memory"]) == {0.50, 0.72}
     assert rows[0]["stages"]["verifier"]["requests"] == 8 * 8 * 4
     assert "| ALFWorld | Qwen3-1.7B | 4 x A100 80GB (datasheet) |" in cm.markdown(rows)
+
+
+# -- LoRA (model.lora): the adapters' parameters, FLOPs and memory; the LoRA presets' figures -------
+
+
+def test_lora_adapters_and_their_flops_equal_peft_and_the_counter_on_a_tiny_qwen3(tiny):
+    """Rank-r adapters hold r·(d_in + d_out) weights per adapted linear, as peft injects them; their
+    forward is 2 FLOPs a weight a token; with the base and the head frozen, the backward computes no
+    dW but the adapters'."""
+    from types import SimpleNamespace
+
+    from orsd.train.lora import inject
+
+    _, shape = tiny
+    rank, n = 4, 29
+    # by hand, 2 layers: q and o (64 -> 64), k and v (64 -> 32), gate and up (64 -> 128), down (128 -> 64)
+    assert shape.adapter_params(rank) == 2 * rank * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128)) == 8192
+    assert shape.adapter_params(rank, targets=("q_proj", "v_proj")) == 2 * rank * ((64 + 64) + (64 + 32))
+    for targets in (["q_proj", "v_proj"], []):  # the last, every linear, is the one measured below
+        model = make_tiny_qwen3(make_tiny_tokenizer(), layers=2)
+        trainable = inject(model, SimpleNamespace(rank=rank, alpha=8.0, dropout=0.0, target_modules=targets))
+        assert trainable == shape.adapter_params(rank, targets=tuple(targets))
+    ids = torch.randint(0, shape.vocab, (1, n))
+    with torch.no_grad():
+        assert counted(lambda: model(ids)) == shape.forward_flops(n, n * n, n, lora_rank=rank)
+    model.train()
+    got = counted(lambda: model(ids).logits.float().logsumexp(-1).sum().backward())
+    # layer 0's q, k and v read the frozen embeddings, so no gradient flows into them: neither their base
+    # weights nor their lora_A compute dX there (the model charges every layer alike)
+    skipped = 2 * n * (64 * 64 + 2 * 64 * 32) + 2 * n * rank * 3 * 64
+    assert got == cm.train_flops(shape, n, n * n, n, checkpointing=False, fused_head=False, lora_rank=rank) - skipped
+    assert cm.train_flops(shape, n, n * n, n, False, lora_rank=rank) < cm.train_flops(shape, n, n * n, n, False)
+
+
+def test_lora_memory_holds_the_adapters_state_and_no_reference(tiny):
+    _, shape = tiny
+    full, lora = cm.WEBSHOP, replace(cm.WEBSHOP, lora_rank=4)
+    adapters = 8192  # the test above, by hand
+    assert cm.trainable_params(lora, shape) == adapters and cm.trainable_params(full, shape) == shape.params
+    m = cm.memory(lora, shape, cm.A100_80GB, 1, 0.0)["parts"]
+    f = cm.memory(full, shape, cm.A100_80GB, 1, 0.0)["parts"]
+    assert m["weights_bf16"] == 2 * (shape.params + adapters)
+    assert m["gradients_bf16"] == 2 * adapters and m["master_moments_grad_f32_shard"] == 16 * adapters
+    assert m["reference_bf16"] == 0 and f["reference_bf16"] == 2 * shape.params
+    assert m["lm_head_copy_and_gradient"] == 2 * shape.vocab * shape.hidden == f["lm_head_copy_and_gradient"] / 2
+    assert m["update_activations"] == f["update_activations"]
+    assert sum(m.values()) < sum(f.values())
+    # AdamW's traffic: ~30 bytes an adapter weight; one rank, no collectives
+    assert cm.update_cost(lora, shape, cm.A100_80GB, 1)["bytes"] == 30 * adapters
+
+
+def test_every_lora_preset_fits_its_gpu_where_full_training_does_not():
+    rows = cm.lora_plan()
+    paper = {(r["setting"], r["model"]): r for r in cm.plan() if r["ranks"] == 4}
+    assert len(rows) == 12
+    for a100, full, lora in zip(rows[::3], rows[1::3], rows[2::3]):
+        assert (a100["training"], full["training"], lora["training"]) == ("full", "full", "LoRA r=16")
+        assert a100["ranks"] == 4 and a100["grpo_step"] == paper[a100["setting"], a100["model"]]["grpo_step"]
+        assert full["device"] == lora["device"] == cm.LORA_GPU[lora["model"]].name and lora["ranks"] == 1
+        f, m = full["memory"][cm.LORA_VLLM_FRACTION], lora["memory"][cm.LORA_VLLM_FRACTION]
+        assert m["fits"] and not f["fits"] and m["total"] < f["total"]
+        assert lora["trainable_params"] < full["trainable_params"] / 50
+        # no dW for the frozen base: a cheaper update; the same rollout (vLLM, merged) and reference (the base)
+        assert lora["stages"]["update"]["seconds"] < full["stages"]["update"]["seconds"]
+        assert lora["stages"]["rollout"] == full["stages"]["rollout"]
+        assert lora["stages"]["reference"] == full["stages"]["reference"]
+        assert lora["stages"]["plain_replay"]["flops"] > full["stages"]["plain_replay"]["flops"]  # the adapters
+        assert lora["stages"]["sync"]["bytes"] > full["stages"]["sync"]["bytes"]  # merging before the push
+        assert lora["orsd_step"] > lora["grpo_step"] > 0
+    assert "| WebShop | Qwen3-4B | LoRA r=16 | 1 x L40S 48GB (datasheet) |" in cm.lora_markdown(rows)
+
+
+def test_the_lora_constants_are_the_lora_presets_and_the_committed_figures_are_current():
+    from orsd.train.config import load_config
+
+    presets = sorted((ROOT / "configs").glob("*_lora.yaml"))
+    assert presets
+    for path in presets:
+        config = load_config(path)
+        setting = cm.WEBSHOP if config.env.name == "webshop" else cm.ALFWORLD
+        assert config.model.lora.rank == cm.LORA_RANK and config.model.lora.target_modules == []
+        assert config.rollout.vllm_gpu_memory_utilization == cm.LORA_VLLM_FRACTION
+        assert config.model.path.split("/")[-1] in cm.LORA_GPU
+        assert config.optim.micro_batch_size == setting.micro_batch_records
+        assert config.model.gradient_checkpointing == setting.checkpointing
+    committed = json.loads((cm.RESULTS / "cost_model_lora.json").read_text())["rows"]
+    now = cm.lora_plan()
+    assert [(r["grpo_step"], r["orsd_step"]) for r in committed] == [(r["grpo_step"], r["orsd_step"]) for r in now]
+    assert [r["memory"][str(r["vllm_fraction"])]["total"] for r in committed] == [
+        r["memory"][r["vllm_fraction"]]["total"] for r in now]

@@ -131,8 +131,10 @@ def test_every_preset_passes_dry_run(preset, capsys):
 REPRODUCES = {"sdar_opsd": "opsd", "sdar_grpo_opsd": "grpo_opsd"}
 
 
-@pytest.mark.parametrize("preset", [p for p in PRESETS if "qwen3" in p.stem and "smoke" not in p.stem],
-                         ids=lambda p: p.stem)
+PAPER_PRESETS = [p for p in PRESETS if "qwen3" in p.stem and "smoke" not in p.stem and not p.stem.endswith("_lora")]
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS, ids=lambda p: p.stem)
 def test_paper_presets_hold_the_papers_settings(preset):
     """Tables 4/5: 8 tasks x 8 rollouts, 300 steps, lr 1e-6, no warm start; every method's preset is a
     twin of the ORSD one that differs only in `method`."""
@@ -153,6 +155,23 @@ def test_paper_presets_hold_the_papers_settings(preset):
     for section in ("model", "env", "rollout", "rubric", "verifier", "optim", "replay", "distributed", "warm_start"):
         assert getattr(config, section) == getattr(twin, section), section  # only the method differs
     assert preset.with_name(base.name.replace("_orsd", "_grpo")).exists()  # every ORSD preset has a GRPO twin
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS, ids=lambda p: p.stem)
+def test_every_paper_preset_has_a_lora_twin_that_differs_only_where_its_header_says(preset):
+    """configs/<preset>_lora.yaml (one 24-48 GB GPU, docs/scale.md): rank-16 adapters, alpha 32, on every
+    linear layer, and 10x the paper's lr; every other key, the run's name aside, is the paper preset's."""
+    paper, lora = load_config(preset), load_config(preset.with_name(preset.stem + "_lora.yaml"))
+    assert (lora.model.lora.rank, lora.model.lora.alpha, lora.model.lora.dropout) == (16, 32.0, 0.0)
+    assert lora.model.lora.target_modules == [] and paper.model.lora.rank == 0
+    assert lora.optim.lr == pytest.approx(10 * paper.optim.lr)
+    assert lora.train.run_name == paper.train.run_name + "_lora"
+    lora.model.lora, lora.optim.lr, lora.train.run_name = paper.model.lora, paper.optim.lr, paper.train.run_name
+    assert lora == paper
+
+
+def test_every_lora_preset_is_a_paper_presets_twin():
+    assert {p.stem for p in PRESETS if p.stem.endswith("_lora")} == {p.stem + "_lora" for p in PAPER_PRESETS}
 
 
 # -- allowed values: every key -------------------------------------------------------------------
