@@ -107,7 +107,9 @@ def banned_after(ban: NGramBan, row: int, extra: list[int]) -> list[int]:
 def decode(model, prompts: list[list[int]], cache, sampling, stop_ids: list[int], pad_id: int,
            corpus: list[list[int]] = ()) -> tuple[torch.Tensor, torch.Tensor, DraftStats]:
     """decode.decode's contract (ids [B, T] padded with `pad_id` after a stop, log-probs [B, T]),
-    drafting up to `sampling.draft_tokens` tokens per row and step; also what drafting bought."""
+    drafting up to `sampling.draft_tokens` tokens per row and step; also what drafting bought.
+    Size: one draft-verify-accept loop whose state (the cache, each row's accepted length, the rows still
+    live) lives across its steps; split, every part would take and return all of it."""
     check_top_k(sampling)
     k = sampling.draft_tokens
     if k < 1 or k != int(k):

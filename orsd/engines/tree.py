@@ -147,7 +147,9 @@ def tree_forward(decoder, config, prompts: list[list[int]], first: list[int] | N
     `base` = (per prompt i, keys/values per layer of a sequence already forwarded, [KV, L, D] each,
     that hold its positions [0, starts[i]); starts): every prompt instead continues from those at
     its start, in batches as above whose cache rows are each their own prompt's, without a tree
-    (PrefixCache)."""
+    (PrefixCache).
+    Size: one walk of the prefix tree; the keys/values, trunks and batches live across the walk, and the
+    parameters are its inputs and its two hooks (embed, on_leaf)."""
     from transformers.cache_utils import DynamicCache
 
     def forward(cache, length: int, batch: list[Hanging]):

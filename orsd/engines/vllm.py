@@ -55,6 +55,8 @@ class VllmEngine:
                  kv_cache_memory_bytes: int | None = None, enable_prefix_caching: bool = True,
                  multiprocessing: bool = False, stage_hook: Callable[[str], None] | None = None,
                  **engine_kwargs):
+        """Size: vLLM's own engine options as keywords with vLLM's defaults, plus the weight-sync knobs;
+        rollout.vllm maps onto them one to one."""
         if not sync_timeout_seconds > 0:
             raise ValueError(f"sync_timeout_seconds={sync_timeout_seconds}: expected a positive number of seconds")
         if not bucket_mb > 0:

@@ -125,6 +125,8 @@ def say(text: str) -> None:
 
 
 def run(args, config, argv: list[str]) -> dict:
+    """Size: the probe's stages top to bottom (load, expert states, rollouts, bundles, scoring, summary), each
+    timed, the values passed from one to the next in its locals."""
     import torch
     from tqdm.auto import tqdm
 

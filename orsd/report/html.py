@@ -48,6 +48,7 @@ img.curves { max-width: 100%; border: 1px solid #eee; }
 def render(*, title: str, out_dir: Path, run_dir: Path, curves_png: str, runs: list, notes: list[str],
            smoothing: float, config_text: str | None, environment_text: str | None, summary: dict | None,
            steps: list[dict], evals: list[dict], groups: list[dict]) -> str:
+    """Size: the page's sections as keywords, each read by report/cli.py from the run directory."""
     sections = [
         section("summary", "Summary", summary_html(run_dir, summary, steps, runs)),
         section("config", "Config and environment",

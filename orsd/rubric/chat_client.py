@@ -87,6 +87,8 @@ class ChatClient:
                  concurrency: int = 8, max_retries: int = 4, timeout: float = 60.0,
                  backoff_base_seconds: float = 0.5, backoff_max_seconds: float = 30.0,
                  max_retry_after_seconds: float = 60.0, seed: int = 0) -> None:
+        """Size: the HTTP client's retry, timeout and concurrency options (the verifier section's keys) as
+        keywords with defaults."""
         self.url = url
         self.model = model
         self.accounting = accounting

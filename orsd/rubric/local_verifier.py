@@ -70,6 +70,8 @@ class LocalVerifier(VerifierBase):
                  chat_template_kwargs: dict | None = None, yes_words: Sequence[str] = YES_WORDS,
                  no_words: Sequence[str] = NO_WORDS, max_prompt_tokens: int | None = None,
                  autocast_dtype: Any = None) -> None:
+        """Size: the local verifier's options (the verifier section's keys) as keywords with defaults, so tests
+        and orsd-probe build one without a config."""
         check_mode(mode, scoring)
         for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -50,6 +50,8 @@ class OpenAIVerifier(VerifierBase):
                  backoff_max_seconds: float = 30.0, max_retry_after_seconds: float = 60.0,
                  templates: PromptTemplates | None = None, extra_body: dict | None = None,
                  seed: int = 0) -> None:
+        """Size: the verifier section's HTTP, retry and scoring keys as keywords with defaults, so a user
+        builds one without a run config."""
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={base_url!r}: expected an http(s) URL such as http://host:8000/v1")
         if not isinstance(model, str) or not model:

@@ -76,6 +76,8 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
 
     On resume the policy comes from the checkpoint and the reference from checkpoints/reference
     (saved when a warm start made it differ from `model.path`); the warm start is not redone.
+    Size: the run's factory in dependency order (policy, env, warm start, reference, verifier, engine,
+    trainer); each part has its own builder in this module.
     """
     import torch
 

@@ -17,7 +17,10 @@ import random
 import re
 import shutil
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,73 +62,92 @@ def kill_point(stage: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def save(trainer, run_dir: Path, keep: int) -> Path:
-    """Write checkpoints/step_<k> atomically, then drop all but the newest `keep`. Under DeepSpeed
-    every rank calls this (gathering shards, writing its optimizer partition); rank 0 renames."""
+@dataclass
+class TrainState:
+    """What a checkpoint holds beside the weights, as the live objects it saves and restores in place:
+    the step, the optimizer and scheduler (None, or kept by DeepSpeed's own files where `ds_engine`
+    is set), the rollout engine's state (vLLM's seed position), the task sampler and the method's
+    state. `rank` 0 writes; `dist` (or None) holds the ranks together."""
+
+    step: int
+    optimizer: Any
+    scheduler: Any
+    engine: Any
+    task_rng: random.Random
+    method: Any
+    ds_engine: Any = None
+    rank: int = 0
+    dist: Any = None
+
+    def barrier(self) -> None:
+        if self.dist is not None:
+            self.dist.barrier()
+
+
+def save(state: TrainState, save_policy: Callable[[Path], None], tokenizer, run_dir: Path, keep: int) -> Path:
+    """Write checkpoints/step_<k> atomically (`save_policy(dir)` writes the weights), then drop all
+    but the newest `keep`. Under DeepSpeed every rank calls this (gathering shards, writing its
+    optimizer partition); rank 0 renames."""
     root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{trainer.step_index}"
-    tmp = root / f"step_{trainer.step_index}.tmp"
-    main = trainer.rank == 0
+    final = root / f"step_{state.step}"
+    tmp = root / f"step_{state.step}.tmp"
+    main = state.rank == 0
     if main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier(trainer)
-    trainer.save_policy(tmp)
-    kill_point("checkpoint", trainer.step_index)
-    if trainer.ds_engine is not None:  # optimizer partitions and scheduler, one file per rank
-        trainer.ds_engine.save_checkpoint(str(tmp / "deepspeed"), tag="state")
+    state.barrier()
+    save_policy(tmp)
+    kill_point("checkpoint", state.step)
+    if state.ds_engine is not None:  # optimizer partitions and scheduler, one file per rank
+        state.ds_engine.save_checkpoint(str(tmp / "deepspeed"), tag="state")
     if main:
-        trainer.tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state(trainer), tmp / "trainer_state.pt")
-    _barrier(trainer)
+        tokenizer.save_pretrained(tmp)
+        torch.save(trainer_state(state), tmp / "trainer_state.pt")
+    state.barrier()
     if main:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         for _, old in step_dirs(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-    _barrier(trainer)
+    state.barrier()
     return final
 
 
-def _barrier(trainer) -> None:
-    if trainer.dist is not None:
-        trainer.dist.barrier()
-
-
-def trainer_state(trainer) -> dict:
-    plain = trainer.ds_engine is None  # DeepSpeed keeps optimizer and scheduler in its own files
+def trainer_state(state: TrainState) -> dict:
+    plain = state.ds_engine is None  # DeepSpeed keeps optimizer and scheduler in its own files
     return {
-        "step": trainer.step_index,
-        "optimizer": trainer.optimizer.state_dict() if plain and trainer.optimizer is not None else None,
-        "scheduler": trainer.scheduler.state_dict() if plain and trainer.scheduler is not None else None,
-        "engine": trainer.engine.state_dict() if hasattr(trainer.engine, "state_dict") else None,
-        "task_rng": trainer.task_rng.getstate(),
-        "method": trainer.method.state_dict(),  # e.g. the offline rubric's bundle per task
+        "step": state.step,
+        "optimizer": state.optimizer.state_dict() if plain and state.optimizer is not None else None,
+        "scheduler": state.scheduler.state_dict() if plain and state.scheduler is not None else None,
+        "engine": state.engine.state_dict() if hasattr(state.engine, "state_dict") else None,
+        "task_rng": state.task_rng.getstate(),
+        "method": state.method.state_dict(),  # e.g. the offline rubric's bundle per task
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }
 
 
-def restore(trainer, path: Path) -> None:
-    """Load optimizer, scheduler, sampler position and step from `path` (the policy weights were
-    loaded from the same directory when the trainer was built)."""
-    state = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
-    trainer.step_index = state["step"]
-    if trainer.ds_engine is not None:
-        trainer.ds_engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state", load_module_strict=True,
-                                          load_optimizer_states=True, load_lr_scheduler_states=True)
-    if state.get("engine") is not None and hasattr(trainer.engine, "load_state_dict"):
-        trainer.engine.load_state_dict(state["engine"])
-    if state["optimizer"] is not None and trainer.optimizer is not None:
-        trainer.optimizer.load_state_dict(state["optimizer"])
-    if state["scheduler"] is not None and trainer.scheduler is not None:
-        trainer.scheduler.load_state_dict(state["scheduler"])
-    trainer.task_rng.setstate(state["task_rng"])
-    trainer.method.load_state_dict(state.get("method") or {})
-    rng = state["rng"]
+def restore(state: TrainState, path: Path) -> int:
+    """Load optimizer, scheduler, engine, sampler position, the method's state and the RNG states
+    from `path` into `state`'s objects, and return the step (the policy weights were loaded from the
+    same directory when the run was built)."""
+    saved = torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    if state.ds_engine is not None:
+        state.ds_engine.load_checkpoint(str(Path(path) / "deepspeed"), tag="state", load_module_strict=True,
+                                        load_optimizer_states=True, load_lr_scheduler_states=True)
+    if saved.get("engine") is not None and hasattr(state.engine, "load_state_dict"):
+        state.engine.load_state_dict(saved["engine"])
+    if saved["optimizer"] is not None and state.optimizer is not None:
+        state.optimizer.load_state_dict(saved["optimizer"])
+    if saved["scheduler"] is not None and state.scheduler is not None:
+        state.scheduler.load_state_dict(saved["scheduler"])
+    state.task_rng.setstate(saved["task_rng"])
+    state.method.load_state_dict(saved.get("method") or {})
+    rng = saved["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
+    return saved["step"]

@@ -128,7 +128,7 @@ def run(config, run_dir: str | None = None, resume: bool = False, log=print) -> 
     trainer, warm_losses = build(config, out.path, resume_from, log, method)
     out.write_environment(config.train.seed, trainer.environment)  # versions + what build decided
     if resume_from is not None:
-        checkpoint.restore(trainer, resume_from)
+        trainer.step_index = checkpoint.restore(train_state(trainer), resume_from)
         out.truncate_after(trainer.step_index)  # drop records of steps the checkpoint does not hold
         log(f"resumed from {resume_from} at step {trainer.step_index}")
     t = config.train
@@ -269,9 +269,17 @@ def train_loop(config, trainer, out, reporter, log, started):
         if t.eval_every and trainer.step_index % t.eval_every == 0:
             evaluate_now()
         if t.save_every and trainer.step_index % t.save_every == 0 and trainer.step_index < t.steps:
-            checkpoint.save(trainer, out.path, t.keep_checkpoints)
-    checkpoint.save(trainer, out.path, t.keep_checkpoints)
+            checkpoint.save(train_state(trainer), trainer.save_policy, trainer.tokenizer, out.path, t.keep_checkpoints)
+    checkpoint.save(train_state(trainer), trainer.save_policy, trainer.tokenizer, out.path, t.keep_checkpoints)
     return steps, setup_seconds
+
+
+def train_state(trainer):
+    """The trainer's parts a checkpoint saves and restores (checkpoint.TrainState)."""
+    from orsd.train.checkpoint import TrainState
+
+    return TrainState(trainer.step_index, trainer.optimizer, trainer.scheduler, trainer.engine, trainer.task_rng,
+                      trainer.method, trainer.ds_engine, trainer.rank, trainer.dist)
 
 
 def summarize(config, steps: list[dict], setup_seconds: float, wall_seconds: float, warm_losses, final) -> dict:

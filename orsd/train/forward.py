@@ -105,7 +105,9 @@ def replay_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, mask: torch.Tens
     whose ranks must run equal forwards, nor for a cache that cannot be cut per row.
     `frozen_states` (with share_prefix): see train_logprobs. `prefixes` (with share_prefix, without
     frozen_states): continue from keys/values an earlier pass kept; `keep_into` (with share_prefix):
-    keep this pass's, with frozen_states those of the layers it ran (prefill.shared_prefix_hidden)."""
+    keep this pass's, with frozen_states those of the layers it ran (prefill.shared_prefix_hidden).
+    Size: the packed inputs (ids, bounds, mask) and how to run the forward (the replay section's keys, which
+    ReplaySpec gathers for the callers), each with the default of a plain forward."""
     out = torch.zeros(len(ids), dtype=torch.float32)
     if share_prefix and lockstep is None and prefill.serves(model):
         batches = _shared_response_hidden(model, ids, cu, mask, token_budget, frozen_states, prefixes, keep_into)
@@ -164,6 +166,8 @@ def train_logprobs(model, ids: torch.Tensor, cu: torch.Tensor, batch: list[int],
     frozen layers below it computed once (engines/frozen.py); only the layers from `split` up run.
     `hidden_rows(model, ids, cu, batch, positions, frozen_states=...)`, when given, computes the final
     hidden states in place of the forwards above (the warm start's detached contexts).
+    Size: one micro-batch's inputs and the update's options (UpdateSpec's fields, the distillation term, the
+    frozen layers' states), each off by default.
     """
     if lm_head not in ("fused", "chunked"):
         raise ValueError(f"lm_head: {lm_head!r}; expected 'fused' or 'chunked'")

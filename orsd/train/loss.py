@@ -127,6 +127,8 @@ def update(model, optimizer, packed: Packed, old_logprobs: torch.Tensor, ref_log
     forwarded (see microbatches); Eq. 14's token mean is per micro-batch, so the packing sets its
     weights. "length": sorted by length, budgeted by padded tokens (the same with sharing on or off).
     `frozen_states`: per packed sequence, the states of the frozen layers below (see train_logprobs).
+    Size: the update is one loop over micro-batches (gradient accumulation, Eq. 14); its keyword parameters
+    are DeepSpeed's hooks and optional terms, each None without them.
     """
     temperature, kl_coef, packing, share_prefix = spec.temperature, spec.kl_coef, spec.packing, spec.share_prefix
     if packing not in ("prefix", "length"):

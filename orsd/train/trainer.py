@@ -62,6 +62,8 @@ class Trainer:
 
     def __init__(self, config: Config, policy, tokenizer, reference, verifier, env, engine=None,
                  optimizer=None, dist=None, ds_engine=None, method: Method | None = None):
+        """Size: the run's parts as build.py made them; those after `env` are optional so that tests hand in
+        their own."""
         self.config = config
         self.method = method or make_method(config)  # build.py passes the one it built
         self.dist, self.ds_engine = dist, ds_engine

@@ -102,7 +102,9 @@ def warm_start(model, demos: list[Demo], epochs: int, lr: float, batch_size: int
     `token_budget` padded tokens (replay.token_budget: they keep no graph). `detach_context`: each
     demonstration's context runs without a graph (`detached_context_hidden`), so the backward covers
     only the answers; `micro_batch_tokens` then bounds the answers' tokens, and the contexts' no-grad
-    forwards `token_budget`."""
+    forwards `token_budget`.
+    Size: the warm_start section's keys as keywords: its child process and the tests call it without a run
+    config."""
     if detach_context and not prefill.serves(model):
         raise ValueError("warm_start.detach_context: needs a model whose keys/values can be cut per row "
                          "(full attention, no gradient checkpointing); set warm_start.detach_context=false")
@@ -132,7 +134,8 @@ def frozen_base(model, demos: list[Demo], precision: str, token_budget: int) -> 
 
 def _fit(model, demos, epochs, lr, batch_size, seed, progress, precision, micro_batch_tokens, lm_head,
          share_prefix, base=None, detached_budget: int = 0) -> list[float]:
-    """`detached_budget` > 0: contexts without a graph (see warm_start), forwarded in that many padded tokens."""
+    """`detached_budget` > 0: contexts without a graph (see warm_start), forwarded in that many padded tokens.
+    Size: warm_start's options passed on to the fitting loop."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = random.Random(seed)
     losses = []

@@ -244,7 +244,9 @@ def game_record(gamefile: str) -> GameRecord:
 
 
 def _engine_classes() -> tuple[type, type]:
-    """Build the engine classes on first use (their bases live in the optional packages)."""
+    """Build the engine classes on first use (their bases live in the optional packages).
+    Size: the two engine classes are defined inside it so that textworld and alfworld, their bases, are
+    imported only on first use."""
     global _ENGINE_CLASSES
     if _ENGINE_CLASSES is not None:
         return _ENGINE_CLASSES

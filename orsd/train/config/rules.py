@@ -83,7 +83,8 @@ def doc(default: Any, help: str, *, choices: tuple | Callable[[], tuple] = (), g
         **kw: Any) -> Any:
     """A dataclass field with its help text and allowed values (kept next to the default).
     `resumable`: the key may differ on `--resume` without changing the run's results (logging,
-    evaluation, checkpoint cadence, the step count)."""
+    evaluation, checkpoint cadence, the step count).
+    Size: a field's default, help and each kind of bound as keywords, as dataclasses.field takes its own."""
     allowed = Allowed(choices if callable(choices) else tuple(choices), ge, gt, le, lt, pattern, length, text, secret)
     metadata = {"help": help, "allowed": allowed, "resumable": resumable}
     if isinstance(default, (list, dict)):
