@@ -45,6 +45,7 @@ def summarize(run_dir: Path, wall: float | None) -> dict:
     eval_seconds = sum(e.get("seconds", 0.0) for e in evals)
     return {
         "git_sha": environment.get("git_sha"),
+        "parameters": environment.get("parameters"),  # trainable (the adapters with model.lora) and total
         "precision": environment.get("precision"),
         "wall_seconds": wall,
         "steps": len(steps),

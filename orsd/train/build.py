@@ -162,6 +162,8 @@ def build(config, run_dir=None, resume_from=None, log=print, method=None):
         log("overlap: the policy writes bundles beside the plain pass (replay.overlap)")
     trainer.environment["precision"] = {**precision.as_dict(), "threads": threads.count,
                                         "threads_reason": threads.reason}
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in policy.parameters()]  # ZeRO-3 partitions
+    trainer.environment["parameters"] = {"trainable": sum(n for n, grad in sizes if grad), "total": sum(n for n, _ in sizes)}
     trainer.environment["openmp"] = {name: os.environ.get(name, "") for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                                                  "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     return trainer, warm_losses

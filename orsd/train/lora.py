@@ -104,6 +104,12 @@ def inject(model, lora_config, top: int = 0) -> int:
                         f"({error}); expected a model peft supports or model.lora.rank=0", key="model.lora.rank") from None
     for name, parameter in model.named_parameters():
         parameter.requires_grad_("lora_" in name)
+        if "lora_" in name and parameter.dtype in (torch.bfloat16, torch.float16):
+            # f32 master weights for the adapters, as peft's get_peft_model keeps them (its
+            # autocast_adapter_dtype): in bf16 an update of lr·~1 on an entry of ~0.01 is below half its
+            # spacing and rounds away, and AdamW's moments would be bf16 too. The base keeps its dtype;
+            # peft's layer casts its input to the adapter's dtype (under autocast the matmul is bf16 anyway)
+            parameter.data = parameter.data.float()
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 

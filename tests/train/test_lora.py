@@ -2,6 +2,8 @@
 without them, sharing every tensor; KL exactly 0 at step 0; the same step as with a separate frozen
 copy of the base; checkpoints in peft's format that resume exactly; the merged export; the errors."""
 
+import json
+
 import pytest
 import torch
 from peft import PeftModel
@@ -114,6 +116,9 @@ def test_checkpoints_are_peft_adapters_that_resume_exactly_and_export_merged(tin
     assert (step / "adapter_config.json").is_file() and (step / "adapter_model.safetensors").is_file()
     assert not list(step.glob("model*.safetensors"))  # the adapters only: the base is model.path
     assert lora.saved_settings(step)["base"] == str(tiny_smol_dir)
+    counted = json.loads((unbroken / "environment.json").read_text())["parameters"]
+    adapters = sum(t.numel() for t in lora.adapter_state(load_policy(str(step))).values())
+    assert counted["trainable"] == adapters and 0 < adapters < counted["total"] / 10
 
     # peft itself loads it onto the base and computes what orsd's policy computes
     ids = torch.tensor([[1, 5, 9, 200, 17, 3]])
@@ -147,6 +152,27 @@ def test_checkpoints_are_peft_adapters_that_resume_exactly_and_export_merged(tin
     with torch.no_grad():
         pushed_logits = load_policy(str(pushed)).eval()(ids).logits
     torch.testing.assert_close(pushed_logits, ours_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_adapters_of_a_bf16_policy_train_in_f32(tiny_smol_dir):
+    """peft injects adapters in the base's dtype; in bf16 an AdamW step of lr 1e-5 on lora_A's entries
+    rounds away. orsd keeps them in f32 (as get_peft_model does) and the base in bf16: one step moves
+    every lora_A."""
+    config = small_config(f"model.path={tiny_smol_dir}", *LORA)
+    policy = load_policy(str(tiny_smol_dir), "bfloat16")
+    lora.inject(policy, config.model.lora)
+    adapters = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    assert adapters and {p.dtype for p in adapters.values()} == {torch.float32}
+    assert {p.dtype for n, p in policy.named_parameters() if n not in adapters} == {torch.bfloat16}
+    perturb(policy)
+    before = {n: p.detach().clone() for n, p in adapters.items() if "lora_A" in n}
+    optimizer = torch.optim.AdamW(adapters.values(), lr=1e-5)
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = policy(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(before[n], adapters[n]) for n in before)
 
 
 @pytest.mark.parametrize("overrides, names", [
