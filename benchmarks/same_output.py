@@ -2,7 +2,7 @@
 their records.
 
     python benchmarks/same_output.py --before /path/to/old/checkout --after . --out /tmp/same \
-        [--jobs tiny policy default] [--methods orsd grpo ...] [--policy runs/x/checkpoints/reference]
+        [--jobs tiny policy default] [--methods orsd grpo ...] [--policy runs/x/checkpoints/reference] [--reuse]
 
 Each tree runs `python -m orsd.train.cli` with PYTHONPATH set to it (its own orsd/, native
 extension included: copy `orsd/_C*.so` into a worktree first), fp32, one thread, the same seed:
@@ -42,14 +42,21 @@ ARMS = {"static_rubric": ["method.name=static_rubric", "method.rubric_file=confi
 VOLATILE = ("seconds", "latency", "wall", "time", "elapsed", "rss", "memory")
 
 
-def run(tree: Path, overrides: list[str], run_dir: Path) -> float:
+def run(tree: Path, overrides: list[str], run_dir: Path, reuse: bool = False) -> float:
+    """Seconds the run took. With `reuse`, a run an earlier invocation finished (its `done` marker,
+    which keeps its seconds; a run cut off part-way has none) is not run again."""
+    marker = run_dir / "done"
+    if reuse and marker.is_file():
+        return json.loads(marker.read_text())["seconds"]
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     with open(run_dir.with_suffix(".log"), "w") as log:
         subprocess.run([sys.executable, "-m", "orsd.train.cli", *overrides, "model.threads=1",
                         "--run-dir", str(run_dir)], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
                        check=True)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    marker.write_text(json.dumps({"tree": str(tree), "overrides": overrides, "seconds": seconds}) + "\n")
+    return seconds
 
 
 def steady(value):
@@ -88,6 +95,11 @@ def main() -> int:
     parser.add_argument("--methods", nargs="+", default=["orsd", "grpo", "static_rubric", "opsd", "gigpo", "cripo"],
                         help="the methods of the tiny and policy jobs (also "
                         "`control`: ORSD with the content_free baseline and the format mask)")
+    parser.add_argument("--reuse", action="store_true", help="keep a run OUT already holds from an earlier "
+                        "invocation (e.g. the before side, run while the change was written) instead of rerunning it")
+    parser.add_argument("--side", choices=["both", "before", "after"], default="both", help="run one side only "
+                        "(two invocations side by side, or one while the change is written); a later --reuse "
+                        "invocation with both sides compares what they wrote")
     args = parser.parse_args()
     jobs = [(f"tiny_{m}", [*TINY, *ARMS.get(m, [f"method.name={m}"])]) for m in args.methods
             if "tiny" in args.jobs]
@@ -101,15 +113,22 @@ def main() -> int:
     for label, overrides in jobs:
         dirs, seconds = {}, {}
         for side, tree in (("before", args.before), ("after", args.after)):
+            if args.side not in ("both", side):
+                continue
             dirs[side] = args.out / side / label
             dirs[side].parent.mkdir(parents=True, exist_ok=True)
-            seconds[side] = round(run(tree.resolve(), overrides, dirs[side]), 1)
+            seconds[side] = round(run(tree.resolve(), overrides, dirs[side], args.reuse), 1)
+        if args.side != "both":
+            print(f"{label}: {args.side} side done ({seconds[args.side]} s)", flush=True)
+            continue
         result = {"overrides": overrides, "seconds": seconds, **compare(dirs["before"], dirs["after"])}
         ok = all(result[n]["same"] for n in ("groups.jsonl", "steps.jsonl", "eval.jsonl"))
         same &= ok
         summary["runs"][label] = result
         print(f"{label}: {'same' if ok else 'DIFFERENT'} (groups {result['groups.jsonl']['lines']}, "
               f"steps {result['steps.jsonl']['lines']}; {seconds['before']} s / {seconds['after']} s)", flush=True)
+    if args.side != "both":
+        return 0
     summary["same"] = same
     (args.out / "same_output.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 0 if same else 1
