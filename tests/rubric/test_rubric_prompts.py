@@ -138,8 +138,16 @@ def test_reask_and_schema():
     assert schema["properties"]["scores"]["items"]["maxItems"] == 3
 
 
-def test_docs_show_every_template_verbatim():
-    docs = DOCS.read_text(encoding="utf-8")
-    for name in PLACEHOLDERS:
-        assert load_template(None, name).rstrip() in docs, f"docs/rubrics.md lacks the {name} template"
-    assert sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt")) == sorted(PLACEHOLDERS)
+def test_docs_name_every_template_and_its_placeholders():
+    """docs/rubrics.md points to the template files rather than quoting them: the files are exactly
+    the templates orsd loads, and each has a row naming all its placeholders, the required first."""
+    rows = {}
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        cells = line.split("|")
+        if len(cells) > 4 and (named := re.match(r"\s*`(\w+)\.txt`", cells[1])):
+            rows[named.group(1)] = cells[3]
+    assert sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt")) == sorted(PLACEHOLDERS) == sorted(rows)
+    for name, (allowed, required) in PLACEHOLDERS.items():
+        listed = re.findall(r"`\{(\w+)\}`", rows[name])
+        assert set(listed) == allowed, f"docs/rubrics.md's row for {name}.txt lists {listed}, the file takes {sorted(allowed)}"
+        assert set(listed[:len(required)]) == required, f"{name}.txt: the required placeholders {sorted(required)} first"
